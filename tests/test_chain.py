@@ -1,0 +1,135 @@
+"""The papermill chain: order, parameters, the failure path, never overwriting, resume."""
+import json
+
+import nbformat
+import pytest
+
+from ci import run as chain
+from utils import results
+
+PARAMS = 'run_dir = ""\nprofile = ""\nsize = 1\n'
+
+
+def make_lab(labs_dir, name, body):
+    folder = labs_dir / name
+    folder.mkdir(parents=True)
+    cells = [nbformat.v4.new_markdown_cell(f"# {name}"),
+             nbformat.v4.new_code_cell(PARAMS), nbformat.v4.new_code_cell(body)]
+    cells[1].metadata["tags"] = ["parameters"]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+GOOD = ('from utils import results, runs\n'
+        'out = runs.lab_dir(run_dir, "{name}")\n'
+        'results.write_results(out, "{name}", headline={{"size": size, "profile": profile}})')
+
+
+@pytest.fixture
+def labs(tmp_path):
+    labs_dir = tmp_path / "labs"
+    make_lab(labs_dir, "01_a", GOOD.format(name="01_a"))
+    make_lab(labs_dir, "02_b", GOOD.format(name="02_b") + '\nfrom utils import runs as r\n'
+             'assert r.find_lab_results("01_a", run_dir)["headline"]["size"] == 7')
+    return labs_dir
+
+
+def profile(tmp_path, **labs):
+    return {"name": "test", "params": {"size": 7, "unrelated": 1}, "labs": labs or {"01_a": {}},
+            "_path": str(tmp_path / "test.yaml")}
+
+
+def test_chain_runs_in_order_and_writes_report(tmp_path, labs):
+    run_dir = chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    manifest = json.loads((run_dir / "run.json").read_text())
+    assert manifest["status"] == "complete"
+    assert [e["lab"] for e in manifest["labs"]] == ["01_a", "02_b"]
+    assert results.read_results(run_dir / "02_b")["headline"] == {"size": 7, "profile": "test"}
+    assert (run_dir / "01_a" / "01_a.ipynb").is_file()  # the executed notebook is kept
+    assert "02_b" in (run_dir / "report.md").read_text()
+    assert (run_dir / "report.html").is_file()
+    # a second run is a new folder: the first is untouched
+    again = chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    assert again != run_dir and json.loads((run_dir / "run.json").read_text()) == manifest
+
+
+def test_failing_notebook_stops_chain_naming_notebook_and_cell(tmp_path, labs):
+    (labs / "02_b" / "02_b.ipynb").unlink()
+    (labs / "02_b").rmdir()
+    make_lab(labs, "02_b", 'raise ValueError("planted failure")')
+    make_lab(labs, "03_c", GOOD.format(name="03_c"))
+    with pytest.raises(chain.ChainError) as err:
+        chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    msg = str(err.value)
+    assert "02_b.ipynb" in msg and "cell" in msg and "ValueError: planted failure" in msg
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    manifest = json.loads((run_dir / "run.json").read_text())
+    assert manifest["status"] == "failed"
+    assert manifest["failure"]["lab"] == "02_b" and manifest["failure"]["ename"] == "ValueError"
+    assert manifest["failure"]["cell"] not in ("?", "-")
+    assert [(e["lab"], e["status"]) for e in manifest["labs"]] == [("01_a", "complete"), ("02_b", "failed")]
+    kept = nbformat.read(run_dir / "02_b" / "02_b.ipynb", as_version=4)
+    assert any(o.get("ename") == "ValueError" for c in kept.cells for o in c.get("outputs", []))
+    assert not (run_dir / "03_c").exists()  # the chain stopped
+    assert "FAILED" in (run_dir / "report.md").read_text()
+
+    # fix the lab, resume from it: a new run reuses 01_a's results, runs 02_b and 03_c
+    (labs / "02_b" / "02_b.ipynb").unlink()
+    (labs / "02_b").rmdir()
+    make_lab(labs, "02_b", GOOD.format(name="02_b"))
+    resumed = chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), start_from="02_b",
+                              resume_from=run_dir, runs_dir=tmp_path / "runs")
+    m2 = json.loads((resumed / "run.json").read_text())
+    assert m2["status"] == "complete" and m2["resumed_from"] == str(run_dir)
+    assert [(e["lab"], e["status"]) for e in m2["labs"]] == [("01_a", "reused"), ("02_b", "complete"),
+                                                             ("03_c", "complete")]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"  # the old run is kept
+
+
+def test_notebook_without_results_fails_the_chain(tmp_path, labs):
+    make_lab(labs, "03_c", "x = 1  # forgets to write results")
+    with pytest.raises(chain.ChainError, match="03_c.*no results.json"):
+        chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+
+
+def test_profile_errors_are_caught_before_damage(tmp_path, labs):
+    with pytest.raises(chain.ChainError, match="does not declare"):
+        chain.run_chain(profile(tmp_path, **{"01_a": {"typo_param": 1}}), labs=chain.discover_labs(labs),
+                        runs_dir=tmp_path / "runs")
+    with pytest.raises(chain.ChainError, match="no notebook"):
+        chain.run_chain(profile(tmp_path, **{"09_x": {}}), labs=chain.discover_labs(labs),
+                        runs_dir=tmp_path / "runs")
+    with pytest.raises(chain.ChainError, match="not a lab"):
+        chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), start_from="07_z",
+                        runs_dir=tmp_path / "runs")
+    with pytest.raises(chain.ChainError, match="not found"):
+        chain.load_profile("no-such-profile")
+
+
+def test_shipped_profiles_match_the_shipped_notebooks(tmp_path):
+    labs = chain.discover_labs()
+    assert "01_env" in labs
+    for name in ("cpu-tiny", "rtx4090", "rocm", "h200"):
+        prof = chain.load_profile(name)
+        for lab in prof["labs"]:
+            assert lab in labs, f"{name} names {lab}"
+            chain.lab_parameters(prof, lab, labs[lab], tmp_path)  # raises on undeclared parameters
+
+
+def test_cli_list(capsys):
+    assert chain.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert "01_env" in out and "cpu-tiny" in out
+
+
+def test_embedded_default_chain_end_to_end(tmp_path):
+    """The README's main job: the cpu-tiny chain over the real labs, offline, on CPU."""
+    assert chain.main(["--profile", "cpu-tiny", "--runs-dir", str(tmp_path)]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    env = results.read_results(run_dir / "01_env")
+    assert env["platform"]["backend"] in ("cpu", "cuda", "rocm", "musa", "xpu", "mps")
+    assert env["data"]["ceilings"]["bandwidth_gbps"] > 0
+    assert all(c["status"] != "FAIL" for c in env["data"]["correctness"])
+    report = (run_dir / "report.md").read_text()
+    assert "copy GB/s" in report and "matmul fp32" in report

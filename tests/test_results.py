@@ -1,0 +1,67 @@
+import json
+
+import pytest
+import torch
+
+from utils import results
+
+
+def test_write_then_read_roundtrip(tmp_path):
+    results.write_results(tmp_path, "01_env", headline={"x": 1.5}, data={"t": torch.tensor(2.0)},
+                          verdicts=[{"check": "c", "verdict": "ok", "detail": "d"}])
+    back = results.read_results(tmp_path)
+    assert back["schema_version"] == results.SCHEMA_VERSION
+    assert back["status"] == "complete"
+    assert back["headline"] == {"x": 1.5}
+    assert back["data"]["t"] == 2.0
+
+
+def test_nan_is_kept_visible_not_silently_null(tmp_path):
+    results.write_results(tmp_path, "lab", headline={"bad": float("nan"), "big": float("inf")})
+    text = (tmp_path / "results.json").read_text()
+    assert "NaN" not in text  # no bare NaN token: strict JSON readers would choke
+    back = results.read_results(tmp_path)
+    assert back["headline"] == {"bad": "nan", "big": "inf"}
+
+
+def test_unknown_verdict_rejected(tmp_path):
+    with pytest.raises(results.ResultsError, match="ok/warn/fail/info"):
+        results.write_results(tmp_path, "lab", verdicts=[{"check": "c", "verdict": "great"}])
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
+    results.write_results(tmp_path, "lab", headline={"v": 1})
+
+    class Unserializable:
+        pass
+
+    with pytest.raises(TypeError):
+        results.write_results(tmp_path, "lab", headline={"v": Unserializable()})
+    assert results.read_results(tmp_path)["headline"] == {"v": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda p: p.update(schema_version=99), "schema_version 99"),
+    (lambda p: p.update(schema="other"), "not a quant-lab results file"),
+    (lambda p: p.update(status="running"), "not marked complete"),
+])
+def test_read_rejects_foreign_or_incomplete(tmp_path, mutate, message):
+    results.write_results(tmp_path, "lab")
+    payload = json.loads((tmp_path / "results.json").read_text())
+    mutate(payload)
+    (tmp_path / "results.json").write_text(json.dumps(payload))
+    with pytest.raises(results.ResultsError, match=message):
+        results.read_results(tmp_path)
+
+
+def test_read_missing_says_what_to_do(tmp_path):
+    with pytest.raises(results.ResultsError, match="run that lab first"):
+        results.read_results(tmp_path / "02_models")
+
+
+def test_read_truncated_json(tmp_path):
+    (tmp_path / "results.json").write_text('{"schema": "quant-lab/res')
+    with pytest.raises(results.ResultsError, match="not valid JSON"):
+        results.read_results(tmp_path)

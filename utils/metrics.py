@@ -1,0 +1,64 @@
+"""Error metrics between an output and its reference, the vocabulary of every lab.
+
+All are computed in float64, so the metric itself adds no rounding of its own; a NaN or Inf in the
+output is never averaged away: it makes the metric NaN (or the SQNR -inf), which every check fails.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+# Unit roundoff u = eps/2 of each format (the largest relative error of one rounding).
+UNIT_ROUNDOFF = {
+    torch.float64: 2.0**-53, torch.float32: 2.0**-24, "tf32": 2.0**-11,
+    torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8,
+}
+
+
+def _pair(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
+    return out.detach().to("cpu", torch.float64), ref.detach().to("cpu", torch.float64)
+
+
+def relative_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref||: the normalized L2 error."""
+    o, r = _pair(out, ref)
+    denom = torch.linalg.vector_norm(r)
+    err = torch.linalg.vector_norm(o - r)
+    if denom == 0:
+        return 0.0 if err == 0 else math.inf
+    return float(err / denom)
+
+
+def max_abs_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = _pair(out, ref)
+    d = (o - r).abs()
+    return float("nan") if torch.isnan(d).any() else float(d.max()) if d.numel() else 0.0
+
+
+def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio 20*log10(||ref|| / ||out - ref||), in dB (torchao's compute_error)."""
+    rel = relative_l2(out, ref)
+    if math.isnan(rel):
+        return float("nan")
+    return math.inf if rel == 0 else -20.0 * math.log10(rel)
+
+
+def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = _pair(out, ref)
+    return float(torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0))
+
+
+def matmul_error_bound(dtype, k: int, safety: float = 4.0) -> float:
+    """A principled bound on relative_l2 of a k-long dot product against an fp64 reference on the same inputs.
+
+    Output rounding (u of the output format) + hidden input rounding (tf32 rounds fp32 operands to
+    10 mantissa bits) + fp32 accumulation growing like sqrt(k) for random signs, times a safety factor.
+    """
+    if dtype in (torch.int8, "int8"):
+        return 0.0  # int32 accumulation is exact until it overflows
+    u_out = UNIT_ROUNDOFF[torch.float32 if dtype == "tf32" else dtype]
+    u_hidden = UNIT_ROUNDOFF["tf32"] if dtype == "tf32" else 0.0
+    return safety * (u_out + u_hidden + math.sqrt(k) * UNIT_ROUNDOFF[torch.float32])
