@@ -1,0 +1,28 @@
+import json
+
+from utils import reporting, results
+
+
+def test_report_gathers_headlines_verdicts_and_failure(tmp_path):
+    results.write_results(tmp_path / "01_env", "01_env", headline={"copy GB/s": 2989.123, "tiny": 1e-7},
+                          verdicts=[{"check": "matmul <b>", "verdict": "ok", "detail": "x|y"}],
+                          figures=["figures/ceilings.png"])
+    (tmp_path / "run.json").write_text(json.dumps({
+        "profile": "cpu-tiny", "status": "failed",
+        "labs": [{"lab": "01_env", "status": "complete"}, {"lab": "02_models", "status": "failed"}],
+        "failure": {"notebook": "labs/02_models/02_models.ipynb", "cell": "[3]", "ename": "OSError",
+                    "evalue": "no model"}}))
+    md_path, html_path = reporting.build_report(tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    assert "| copy GB/s | 2989 |" in md and "1.000e-07" in md
+    assert "x\\|y" in md  # a pipe in a cell must not break the Markdown table
+    assert "FAILED in labs/02_models/02_models.ipynb at cell [3]: OSError: no model" in md
+    assert "## 02_models" in md and "no complete results: failed" in md
+    assert "![figures/ceilings.png](01_env/figures/ceilings.png)" in md
+    assert "matmul &lt;b&gt;" in page and "<b>failed</b>" in page  # escaped user text, real markup
+
+
+def test_format_value():
+    assert reporting.format_value(0.5) == "0.5"
+    assert reporting.format_value(123456.0) == "1.235e+05"
+    assert reporting.format_value([1.0, "a"]) == "1, a"
