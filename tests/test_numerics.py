@@ -163,3 +163,13 @@ def test_mx_linear_axes_and_sqnr_anchors():
     assert s4["output_db"] > 15 and s4["output_db"] < s8["output_db"]
     with pytest.raises(ValueError, match="recipe"):
         nm.mx_linear_grads(x, w, gy, "mxfp8", recipe="once")
+
+
+def test_error_report_and_chunked_accumulation():
+    r = nm.error_report(torch.tensor([1.0, 2.5, 0.0]), torch.tensor([1.0, 2.0, 0.0]))
+    assert r["max_abs"] == 0.5 and r["max_rel"] == 0.25
+    a = torch.ones(1, 4096)
+    b = torch.ones(4096, 1)
+    assert nm.chunked_matmul(a, b, torch.float32).item() == 4096
+    assert nm.chunked_matmul(a, b, torch.float16, chunk=1).item() == 2048   # 2048 + 1 rounds back to 2048
+    assert nm.chunked_matmul(a, b, torch.float16, chunk=32).item() == 4096  # exact: multiples of 32 stay representable

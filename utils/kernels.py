@@ -88,7 +88,16 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, c, mask=mask)
 
 
-_matmul_tuned = triton.autotune(configs=_gpu_configs(None), key=["M", "N", "K"])(_matmul_kernel)
+def _fits_shared_memory(configs, named_args, **kwargs):
+    """Drop tiles whose pipelined A and B buffers exceed ~220 KB of shared memory (fp32 needs smaller ones)."""
+    size = named_args["a_ptr"].element_size()
+    ok = [c for c in configs if (c.kwargs["BLOCK_M"] + c.kwargs["BLOCK_N"]) * c.kwargs["BLOCK_K"] * size
+          * c.num_stages <= 220 * 1024]
+    return ok or configs[-1:]
+
+
+_matmul_tuned = triton.autotune(configs=_gpu_configs(None), key=["M", "N", "K"],
+                                prune_configs_by={"early_config_prune": _fits_shared_memory})(_matmul_kernel)
 
 
 def _small_config(M, N, K):
@@ -168,7 +177,8 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn
                  acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-_grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"])(_grouped_kernel)
+_grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"],
+                                 prune_configs_by={"early_config_prune": _fits_shared_memory})(_grouped_kernel)
 
 
 def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
@@ -313,29 +323,36 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, K, N,
     acc = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)   # reduced over rows once, at the end
     for g in range(pid_k, K // GROUP, SPLIT_K):  # one group per step
         q = tl.load(qw_ptr + (g * (GROUP // 8) + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0)
+        qh = q >> 16                             # nibbles 4..7 moved to bits 0..15
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
-        # 2^23 + nibble read as fp32 bits is exact and avoids the slow int->float conversion
-        zf = (((zp >> ((rn % 8) * 4)) & 0xF) + 1 + 0x4B000000).to(tl.float32, bitcast=True)
+        z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
         s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        xg = x_ptr + g * GROUP + r8 * 8
         part = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(8):             # nibble j of packed row r holds k = 8r + j
-            x = tl.load(x_ptr + g * GROUP + r8 * 8 + j).to(tl.float32)
-            w = (((q >> (j * 4)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - zf[None, :]
-            part += w * x[:, None]
-        acc += part * s[None, :]
+        for j in tl.static_range(4):
+            # nibble j kept in place: (q & 0xF<<4j) | bits of 2^23, read as fp32, is exactly 2^23 + n 2^4j
+            # (no shift, no slow int->float); the 2^4j goes into x instead
+            m = 0xF << (4 * j)
+            w0 = ((q & m) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            w1 = ((qh & m) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            x0 = tl.load(xg + j).to(tl.float32) * (1.0 / (1 << (4 * j)))
+            x1 = tl.load(xg + j + 4).to(tl.float32) * (1.0 / (1 << (4 * j)))
+            part += w0 * x0[:, None] + w1 * x1[:, None]
+        xs = tl.sum(tl.load(x_ptr + g * GROUP + tl.arange(0, GROUP)).to(tl.float32), axis=0)
+        acc += (part - (z * xs)[None, :] / (GROUP // 8)) * s[None, :]   # zero point: z * sum_k x_k
     y = tl.sum(acc, axis=0)
     if SPLIT_K == 1:
-        tl.store(y_ptr + rn, y, mask=nmask)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
     else:
         tl.atomic_add(y_ptr + rn, y, mask=nmask)
 
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
-              block_n: int | None = None, split_k: int | None = None) -> torch.Tensor:
+              block_n: int | None = None, split_k: int | None = None, num_warps: int = 4) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
-    Accumulates in fp32 (split over K with atomics when split_k > 1) and returns x's dtype: per
-    group, sum_k (q - z) x_k, times the group's scale.
+    Accumulates in fp32 (split over K with fp32 atomics when split_k > 1) and returns x's dtype: per
+    group and column, (sum_k q x_k - z sum_k x_k) times the group's scale.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
@@ -349,8 +366,9 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     if split_k is None:
         sms = 1 if interpreted() else torch.cuda.get_device_properties(x.device).multi_processor_count
         split_k = max(1, min(K // group_size, (8 * sms) // max(1, triton.cdiv(N, block_n))))
-    y = torch.zeros((N,), device=x.device, dtype=torch.float32)
+    y = (torch.empty if split_k == 1 else torch.zeros)((N,), device=x.device,
+                                                      dtype=x.dtype if split_k == 1 else torch.float32)
     grid = (triton.cdiv(N, block_n), split_k)
     _int4_gemv_kernel[grid](x.contiguous(), qweight, qzeros, scales, y, K, N, GROUP=group_size,
-                            BLOCK_N=block_n, SPLIT_K=split_k, num_warps=4)
+                            BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps)
     return y.to(x.dtype).reshape(1, N)

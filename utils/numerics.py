@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import UNIT_ROUNDOFF, sqnr_db
+from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2, sqnr_db
 
 # ------------------------------------------------------------------------------------------ ULPs
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -72,6 +72,25 @@ def elementwise_bound(a: torch.Tensor, b: torch.Tensor, out_dtype, acc_dtype=tor
     k = a64.shape[-1]
     u_out = UNIT_ROUNDOFF["tf32" if out_dtype == "tf32" else out_dtype]
     return safety * (u_out * (a64 @ b64).abs() + math.sqrt(k) * UNIT_ROUNDOFF[acc_dtype] * (a64.abs() @ b64.abs()))
+
+
+def error_report(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Max abs, max relative (over |ref| > 0) and normalized L2 error of out against ref, in fp64."""
+    o, r = out.detach().cpu().double(), ref.detach().cpu().double()
+    nz = r != 0
+    rel = ((o - r).abs()[nz] / r.abs()[nz]).max().item() if nz.any() else 0.0
+    return {"max_abs": max_abs_error(o, r), "max_rel": rel, "rel_l2": relative_l2(o, r)}
+
+
+def chunked_matmul(a: torch.Tensor, b: torch.Tensor, acc_dtype, chunk: int = 32) -> torch.Tensor:
+    """A @ B with the running sum kept in acc_dtype: each `chunk` of K is multiplied exactly (fp64) and
+    added to the accumulator, which is rounded to acc_dtype after every addition, as a tensor core
+    with an fp16 (or fp32) accumulator does once per MMA step. An emulation, any device."""
+    a64, b64 = a.detach().cpu().double(), b.detach().cpu().double()
+    acc = torch.zeros(a64.shape[0], b64.shape[1], dtype=acc_dtype)
+    for k0 in range(0, a64.shape[1], chunk):
+        acc = (acc.double() + a64[:, k0:k0 + chunk] @ b64[k0:k0 + chunk]).to(acc_dtype)
+    return acc
 
 
 # ---------------------------------------------------------------------------------- accumulators
