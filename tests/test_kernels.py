@@ -72,14 +72,14 @@ def test_gptq_pack_dequant_hand_case():
     assert (wd - w).abs().max().item() <= s.float().max().item() * (0.5 + 8 * 2**-11)
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_int4_gemv_matches_dequant_reference(split_k):
+@pytest.mark.parametrize("split_k,variant", [(1, "tile"), (3, "tile"), (1, "rows"), (3, "rows")])
+def test_int4_gemv_matches_dequant_reference(split_k, variant):
     torch.manual_seed(0)
     w = torch.randn(512, 96)
     qw, qz, s = kernels.pack_gptq_int4(w, 128)
     x = torch.randn(1, 512).half()
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
-    y = kernels.int4_gemv(x, qw, qz, s, 128, split_k=split_k)
+    y = kernels.int4_gemv(x, qw, qz, s, 128, split_k=split_k, variant=variant)
     assert y.dtype == torch.float16 and y.shape == (1, 96)
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
     with pytest.raises(ValueError, match="batch 1"):

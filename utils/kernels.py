@@ -344,17 +344,49 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, K, N,
     if SPLIT_K == 1:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
     else:
-        tl.atomic_add(y_ptr + rn, y, mask=nmask)
+        tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
+
+
+@triton.jit
+def _int4_gemv_rows_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, K, N,
+                           GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The other layout: each thread owns columns and walks down K itself, so x is a scalar (the same
+    for every thread) and nothing is reduced across threads."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for g in range(pid_k, K // GROUP, SPLIT_K):
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        xs = 0.0
+        for r in tl.static_range(GROUP // 8):
+            q = tl.load(qw_ptr + (g * (GROUP // 8) + r) * N + rn, mask=nmask, other=0)
+            for j in tl.static_range(8):
+                xk = tl.load(x_ptr + g * GROUP + r * 8 + j).to(tl.float32)
+                w = (((q >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+                part += w * xk
+                xs += xk
+        acc += (part - z * xs) * s
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+    else:
+        tl.atomic_add(y_ptr + rn, acc, mask=nmask, sem="relaxed")
 
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
-              block_n: int | None = None, split_k: int | None = None, num_warps: int = 4) -> torch.Tensor:
+              block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
+              num_stages: int = 3, variant: str = "tile") -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
     Accumulates in fp32 (split over K with fp32 atomics when split_k > 1) and returns x's dtype: per
-    group and column, (sum_k q x_k - z sum_k x_k) times the group's scale.
+    group and column, (sum_k q x_k - z sum_k x_k) times the group's scale. variant "tile" works on
+    [packed rows of a group, block_n] tiles; "rows" lets each thread walk down K for its columns.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
+    _check(variant in ("tile", "rows"), f"variant must be 'tile' or 'rows', got {variant!r}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     _check(x.shape[1] == K, f"x has K={x.shape[1]} but qweight packs K={K}")
     _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
@@ -369,6 +401,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     y = (torch.empty if split_k == 1 else torch.zeros)((N,), device=x.device,
                                                       dtype=x.dtype if split_k == 1 else torch.float32)
     grid = (triton.cdiv(N, block_n), split_k)
-    _int4_gemv_kernel[grid](x.contiguous(), qweight, qzeros, scales, y, K, N, GROUP=group_size,
-                            BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps)
+    kernel = _int4_gemv_kernel if variant == "tile" else _int4_gemv_rows_kernel
+    kernel[grid](x.contiguous(), qweight, qzeros, scales, y, K, N, GROUP=group_size,
+                 BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype).reshape(1, N)

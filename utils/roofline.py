@@ -31,6 +31,20 @@ def point(name: str, flops: float, nbytes: float, seconds: float) -> dict:
             "intensity": flops / nbytes, "tflops": flops / seconds / 1e12, "gbps": nbytes / seconds / 1e9}
 
 
+def time_kernel(fn, device: str, repeats: int = 10) -> float:
+    """Seconds per call. On CUDA: median of CUDA-graph replays (triton.testing.do_bench_cudagraph), so
+    a Python wrapper's launch overhead (tens of us for a Triton launch) is not counted against a
+    10 us kernel; elsewhere: the median of ceilings.time_op."""
+    import statistics
+
+    from .ceilings import time_op
+
+    if str(device).startswith("cuda"):
+        from triton.testing import do_bench_cudagraph
+        return float(do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e-3
+    return statistics.median(time_op(fn, device, warmup=2, repeats=repeats))
+
+
 def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
     """The roof: min(peak, intensity x bandwidth), in TFLOP/s."""
     return np.minimum(peak_tflops, np.asarray(intensity, dtype=float) * bandwidth_gbps / 1e3)
