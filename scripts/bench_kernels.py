@@ -109,7 +109,7 @@ def gemv_rows(copy_gbps, sweep):
         if sweep:
             cands += [dict(variant="tile", block_n=b, split_k=k, num_stages=st) for b in (128, 256)
                       for k in (8, 16, 28) for st in (2, 4)]
-            cands += [dict(variant="rows", block_n=b, split_k=k, num_warps=nw) for b in (256, 512)
+            cands += [dict(variant="rows", block_n=b, split_k=k, num_warps=nw) for b in (128, 256, 512)
                       for k in (1, 8, 16, 28) for nw in (4, 8)]
         for cfg in cands:
             check(kernels.int4_gemv(x, qw, qz, s, 128, **cfg), ref, torch.float16, K, "Int4 GEMV")
