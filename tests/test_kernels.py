@@ -96,3 +96,9 @@ def test_roofline_bytes_and_bounds():
     assert roofline.attainable_tflops(1e6, 700, 3000) == pytest.approx(700)
     with pytest.raises(ValueError, match="multiple"):
         roofline.int4_weight_bytes(100, 8, 128)
+
+
+def test_time_kernel_on_cpu_is_a_positive_median():
+    calls = []
+    t = roofline.time_kernel(lambda: calls.append(1), "cpu", repeats=3)
+    assert t > 0 and len(calls) == 2 + 3                      # warm-up runs, then the timed repeats
