@@ -66,7 +66,7 @@ def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, 
     for dt, peak in sorted(peak_tflops.items(), key=lambda kv: -kv[1]):
         ax.plot(xs, attainable_tflops(xs, peak, bandwidth_gbps), lw=1, label=f"roof {dt} ({peak:.3g} TFLOP/s)")
     for p in points:
-        ax.scatter(p["intensity"], p["tflops"], zorder=3)
+        ax.scatter(p["intensity"], p["tflops"], zorder=3, color="black", marker="D", s=18)
         ax.annotate(p["kernel"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
