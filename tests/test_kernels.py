@@ -1,0 +1,104 @@
+"""The project's Triton kernels (through TRITON_INTERPRET=1 on CPU, compiled on a GPU) and Int4 packing."""
+import pytest
+import torch
+
+from utils import kernels, metrics, roofline
+
+
+@pytest.mark.parametrize("prec", ["ieee", "tf32", "tf32x3"])
+def test_matmul_fp32_against_fp64(prec):
+    torch.manual_seed(0)
+    a, b = torch.randn(70, 96), torch.randn(96, 50)          # ragged sizes: the masks are exercised
+    c = kernels.matmul(a, b, input_precision=prec)
+    bound = metrics.matmul_error_bound("tf32" if prec == "tf32" else torch.float32, 96)
+    assert metrics.relative_l2(c, a.double() @ b.double()) <= bound
+
+
+def test_matmul_fp16_within_bound_and_bad_input():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 128).half(), torch.randn(128, 40).half()
+    ref = a.double() @ b.double()
+    assert metrics.relative_l2(kernels.matmul(a, b), ref) <= metrics.matmul_error_bound(torch.float16, 128)
+    assert metrics.relative_l2(kernels.matmul(a, b, acc_dtype=torch.float16), ref) < 1e-2
+    with pytest.raises(ValueError, match="input_precision"):
+        kernels.matmul(a.float(), b.float(), input_precision="fp64")
+    with pytest.raises(ValueError, match="a.shape"):
+        kernels.matmul(a, a)
+    with pytest.raises(ValueError, match="acc_dtype"):
+        kernels.matmul(a.float(), b.float(), acc_dtype=torch.float16)
+
+
+def test_grouped_matmul_matches_loop_with_empty_group():
+    torch.manual_seed(0)
+    sizes = [5, 0, 40, 17]
+    offs = kernels.group_offsets(sizes)
+    assert offs.tolist() == [5, 5, 45, 62] and offs.dtype == torch.int32
+    a, b = torch.randn(sum(sizes), 64), torch.randn(4, 64, 48)
+    out = kernels.grouped_matmul(a, b, offs)
+    ref = kernels.grouped_matmul_loop(a.double(), b.double(), sizes)
+    assert metrics.relative_l2(out, ref) <= metrics.matmul_error_bound(torch.float32, 64)
+    with pytest.raises(ValueError, match="offs must be non-decreasing"):
+        kernels.grouped_matmul(a, b, torch.tensor([5, 4, 45, 62], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32"):
+        kernels.grouped_matmul(a, b, offs.long())
+
+
+def test_int8_matmul_exact():
+    torch.manual_seed(0)
+    a = torch.randint(-128, 128, (33, 200), dtype=torch.int8)
+    b = torch.randint(-128, 128, (200, 40), dtype=torch.int8)
+    assert torch.equal(kernels.int8_matmul(a, b), (a.long() @ b.long()).int())
+    with pytest.raises(ValueError, match="int8"):
+        kernels.int8_matmul(a.float(), b)
+
+
+def test_gptq_pack_dequant_hand_case():
+    # one group of 8 rows x 8 columns; column 0 holds 0..7, so its codes are known: s = 2*7/15, zero 8
+    w = torch.zeros(8, 8)
+    w[:, 0] = torch.arange(8.0)
+    w[0, 1:] = -1.0
+    qw, qz, s = kernels.pack_gptq_int4(w, group_size=8)
+    assert qw.shape == (1, 8) and qz.shape == (1, 1) and s.shape == (1, 8)
+    assert s[0, 0].item() == pytest.approx(14 / 15, rel=1e-3)
+    q = kernels.unpack_int4(qw, 0)
+    assert q[:, 0].tolist() == [8, 9, 10, 11, 12, 13, 14, 15]          # round(i * 15/14) + 8
+    assert q[0, 1].item() == 0                                          # -1 / (2/15) = -7.5 -> -8 (even)
+    assert kernels.unpack_int4(qz, 1)[0].tolist() == [7] * 8            # zero 8 stored minus one
+    assert torch.equal(kernels.unpack_int4(torch.tensor([[0x76543210]], dtype=torch.int32), 0)[:, 0],
+                       torch.arange(8, dtype=torch.int32))
+    wd = kernels.dequant_gptq_int4(qw, qz, s, 8)
+    assert wd[:, 0].tolist() == pytest.approx([i * s[0, 0].item() for i in range(8)])
+    # +max|w| = 7.5 s clips to code 15 (7 s): half a step, plus 8 steps' share of s's fp16 rounding
+    assert (wd - w).abs().max().item() <= s.float().max().item() * (0.5 + 8 * 2**-11)
+
+
+@pytest.mark.parametrize("split_k,variant", [(1, "tile"), (3, "tile"), (1, "rows"), (3, "rows")])
+def test_int4_gemv_matches_dequant_reference(split_k, variant):
+    torch.manual_seed(0)
+    w = torch.randn(512, 96)
+    qw, qz, s = kernels.pack_gptq_int4(w, 128)
+    x = torch.randn(1, 512).half()
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    y = kernels.int4_gemv(x, qw, qz, s, 128, split_k=split_k, variant=variant)
+    assert y.dtype == torch.float16 and y.shape == (1, 96)
+    assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
+    with pytest.raises(ValueError, match="batch 1"):
+        kernels.int4_gemv(torch.randn(2, 512).half(), qw, qz, s, 128)
+
+
+def test_roofline_bytes_and_bounds():
+    assert roofline.int4_weight_bytes(256, 8, 128) == 256 * 8 / 2 + 2 * 8 * 2 + 2 * 8 / 2
+    bf16 = roofline.gemm_bytes(1, 4096, 4096, 2, 2, 2)
+    p = roofline.point("gemv", 2 * 4096 * 4096, bf16, 1e-5)
+    assert p["intensity"] == pytest.approx(2 * 4096 * 4096 / bf16)
+    assert roofline.bound(p, peak_tflops=700, bandwidth_gbps=3000) == "memory"
+    assert roofline.attainable_tflops(1.0, 700, 3000) == pytest.approx(3.0)
+    assert roofline.attainable_tflops(1e6, 700, 3000) == pytest.approx(700)
+    with pytest.raises(ValueError, match="multiple"):
+        roofline.int4_weight_bytes(100, 8, 128)
+
+
+def test_time_kernel_on_cpu_is_a_positive_median():
+    calls = []
+    t = roofline.time_kernel(lambda: calls.append(1), "cpu", repeats=3)
+    assert t > 0 and len(calls) == 2 + 3                      # warm-up runs, then the timed repeats

@@ -1,0 +1,175 @@
+"""Lab 05's references against hand-computed cases, and the MX cast / FP8 scale against torchao's."""
+import math
+import warnings
+
+import pytest
+import torch
+
+from utils import numerics as nm
+
+warnings.filterwarnings("ignore")
+
+
+def test_ulp_distance_hand_cases():
+    one = torch.tensor([1.0], dtype=torch.float16)
+    assert nm.ulp_distance(one, nm.next_up(one)).item() == 1
+    assert nm.next_up(one).item() == 1 + 2**-10           # fp16 has 10 mantissa bits
+    a = torch.tensor([0.0, -0.0, 1.0, -1.0], dtype=torch.float32)
+    b = torch.tensor([-0.0, 0.0, 1.0, 1.0], dtype=torch.float32)
+    d = nm.ulp_distance(a, b)
+    assert d[:3].tolist() == [0, 0, 0]
+    assert d[3].item() == 2 * torch.tensor(1.0).view(torch.int32).item()   # across zero: both halves
+    bf = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert nm.ulp_distance(bf[:1], bf[1:]).item() == 128   # one binade of bf16 has 2^7 values
+    n = torch.tensor([float("nan")], dtype=torch.float16)
+    assert nm.ulp_distance(n, one).item() == nm.NAN_DISTANCE
+    with pytest.raises(ValueError, match="share a float dtype"):
+        nm.ulp_distance(one, one.float())
+
+
+def test_fixed_atol_fails_one_ulp_derived_tolerance_passes():
+    torch.manual_seed(0)
+    k = 1024
+    a, b = torch.randn(16, k).half(), torch.randn(k, 16).half()
+    c = (a.float() @ b.float()).half()
+    c1 = nm.next_up(c)                                      # every element one ULP off
+    big = c.float().abs() >= 16                             # fp16 ULP there >= 2^-6 > 1e-2
+    assert big.any()
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(c1, c, atol=1e-2, rtol=0)
+    torch.testing.assert_close(c, c, atol=1e-2, rtol=0)      # passes only when bit-identical
+    tol = nm.gemm_tolerance(torch.float16, k)
+    torch.testing.assert_close(c1, c, **tol)
+    bound = nm.elementwise_bound(a, b, torch.float16)
+    assert bool(((c1.double() - a.double() @ b.double()).abs() <= bound).all())
+    assert not bool(((c1.double() + 1 - a.double() @ b.double()).abs() <= bound).all())
+
+
+def test_accumulators_wrap_and_saturate_hand_cases():
+    p = torch.tensor([[30000, 30000, -30000]])
+    assert nm.accumulate(p, 16, "wrap").item() == 30000      # 60000 wraps to -5536, then -35536 wraps back
+    assert nm.accumulate(p, 16, "saturate").item() == 32767 - 30000
+    assert nm.accumulate(p, 32, "wrap").item() == 30000
+    assert nm.wrap_int(torch.tensor([2**31]), 32).item() == -(2**31)
+    a = torch.full((1, 300), 127, dtype=torch.int8)
+    b = torch.full((300,), 127, dtype=torch.int8)
+    exact = 127 * 127 * 300
+    assert nm.int_dot(a, b, 32, "wrap").item() == exact
+    assert nm.int_dot(a, b, 16, "saturate").item() == 32767
+    assert nm.int_dot(a, b, 16, "wrap").item() == (exact + 2**15) % 2**16 - 2**15
+    q = torch.full((1, 8), 7)
+    assert nm.int_dot(q, torch.full((8,), -8), 8, "saturate", in_bits=4).item() == -128
+    with pytest.raises(ValueError, match="int4"):
+        nm.int_dot(torch.full((1, 2), 8), torch.ones(2, dtype=torch.int64), 16, "wrap", in_bits=4)
+    with pytest.raises(ValueError, match="mode"):
+        nm.accumulate(p, 16, "clip")
+
+
+def test_wrap_is_order_free_saturate_is_not():
+    torch.manual_seed(0)
+    p = torch.randint(-16384, 16384, (4, 64))
+    flip = p.flip(-1)
+    assert torch.equal(nm.accumulate(p, 16, "wrap"), nm.accumulate(flip, 16, "wrap"))
+    assert torch.equal(nm.accumulate(p, 16, "wrap"), nm.wrap_int(p.sum(-1), 16))
+    big = torch.tensor([[32000, 32000, -32000, -32000]])
+    assert nm.accumulate(big, 16, "saturate").item() != nm.accumulate(big.flip(-1), 16, "saturate").item()
+
+
+def test_round_to_format_hand_cases_and_torch_casts():
+    x = torch.tensor([0.0, 460.0, 470.0, 1000.0, -1000.0, 0.3, 2.0**-9, 2.0**-10])
+    sat = nm.round_to_format(x, nm.E4M3, saturate=True)
+    assert sat.tolist()[:5] == [0.0, 448.0, 448.0, 448.0, -448.0]
+    non = nm.round_to_format(x, nm.E4M3, saturate=False)
+    assert non[1].item() == 448.0 and math.isnan(non[2].item()) and math.isnan(non[3].item())
+    assert sat[6].item() == 2.0**-9 and sat[7].item() == 0.0   # smallest subnormal; half of it ties to 0
+    e2m1 = nm.round_to_format(torch.tensor([0.25, 0.75, 1.25, 2.5, 3.5, 5.0, 7.0]), nm.E2M1)
+    assert e2m1.tolist() == [0.0, 1.0, 1.0, 2.0, 4.0, 4.0, 6.0]   # ties to even mantissa
+    e5 = nm.round_to_format(torch.tensor([1e5]), nm.E5M2, saturate=False)
+    assert e5.item() == math.inf
+    torch.manual_seed(0)
+    r = torch.randn(20000) * torch.logspace(-8, 2, 20000)
+    for fmt, dt in ((nm.E4M3, torch.float8_e4m3fn), (nm.E5M2, torch.float8_e5m2)):
+        assert torch.equal(nm.round_to_format(r, fmt), r.to(dt).double())
+
+
+def test_naive_fp8_scale_gives_nan_and_fix_matches_torchao():
+    from torchao.float8.float8_utils import amax_to_scale
+
+    h = torch.tensor([0.0, 0.0, 0.1, 0.1], dtype=torch.float16)
+    naive = nm.naive_fp8_quantize(h, torch.float8_e5m2)
+    assert naive["inv_scale"] == math.inf                    # 57344 / 0.1 > 65504: fp16 overflows
+    assert torch.isnan(naive["scaled"][:2]).all()            # 0 * inf
+    tiny = torch.tensor([0.0, 0.0, 1e-3, 1e-3], dtype=torch.float16)
+    assert torch.isnan(nm.naive_fp8_quantize(tiny, torch.float8_e4m3fn)["scaled"][:2]).all()
+    for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        fixed = nm.fp8_quantize(h, dt)
+        assert not torch.isnan(fixed["dequant"]).any()
+        assert fixed["dequant"][:2].tolist() == [0.0, 0.0]
+        assert abs(fixed["dequant"][2].item() - 0.1) < 0.1 * 2**-2
+    torch.manual_seed(0)
+    for amax in [torch.tensor(0.0), torch.tensor(1e-20), *torch.rand(50) * 10.0 ** torch.randint(-8, 8, (50,))]:
+        for dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+            assert torch.equal(nm.fp8_scale(amax, dt), amax_to_scale(amax, dt))
+    assert nm.fp8_scale(torch.tensor(0.0), torch.float8_e4m3fn).item() == pytest.approx(448e12)
+    with pytest.raises(ValueError, match="eps"):
+        nm.fp8_scale(torch.tensor(1.0), torch.float8_e4m3fn, eps=0)
+
+
+def test_mx_cast_hand_block():
+    x = torch.zeros(32)
+    x[0], x[1], x[2] = 6.0, 1.0, -0.3
+    m = nm.mx_cast(x, "mxfp4")
+    assert m.scale_code.item() == 127                        # floor(log2 6) = 2, minus emax 2 -> 2^0
+    assert m.values[:3].tolist() == [6.0, 1.0, -0.5] and m.codes[:3].tolist() == [7, 2, 8 | 1]
+    y = torch.full((32,), 500.0)
+    m8 = nm.mx_cast(y, "mxfp8")
+    assert m8.scale_code.item() == 127 + 8 - 8               # 2^8 <= 500: scale 2^0
+    assert m8.values[0].item() == 448.0                      # floor scaling then saturation
+    z = nm.mx_cast(torch.zeros(64), "mxfp8")
+    assert z.scale_code.tolist() == [0, 0] and z.dequant.abs().sum() == 0
+    with pytest.raises(ValueError, match="multiple of block"):
+        nm.mx_cast(torch.zeros(33), "mxfp8")
+
+
+@pytest.mark.parametrize("elem", ["mxfp8", "mxfp4"])
+def test_mx_cast_bit_exact_vs_torchao(elem):
+    torch.manual_seed(0)
+    cases = {"randn": torch.randn(32, 128),
+             "wide": torch.randn(32, 128) * torch.logspace(-30, 30, 32)[:, None],
+             "zero": torch.zeros(4, 64),
+             "huge": torch.randn(4, 64).clamp(-3, 3) * 1.1e38}
+    for name, t in cases.items():
+        r = nm.compare_mx(t, elem)
+        assert r["scale_mismatches"] == 0 and r["code_mismatches"] == 0, (name, r)
+    tiny = torch.randn(4, 64) * 1e-39                        # blocks whose scale is E8M0 code 0
+    assert nm.compare_mx(tiny, elem)["code_mismatches"] > 0  # spec 2^-127 vs torchao's 2^-126
+    r = nm.compare_mx(tiny, elem, min_scale_normal=True)
+    assert r["scale_mismatches"] == 0 and r["code_mismatches"] == 0
+
+
+def test_mx_linear_axes_and_sqnr_anchors():
+    torch.manual_seed(0)
+    x, w, gy = torch.randn(64, 128), torch.randn(96, 128) * 0.05, torch.randn(64, 96)
+    g = nm.mx_linear_grads(x, w, gy, "mxfp8")
+    assert g["output"].shape == (64, 96) and g["grad_input"].shape == (64, 128) and g["grad_weight"].shape == (96, 128)
+    exact = nm.mx_cast(x, "mxfp8").dequant                   # already on the MX grid along K
+    ge = nm.mx_linear_grads(exact, w, gy, "mxfp8")
+    assert torch.equal(ge["output"], nm.mx_fake(exact, "mxfp8", -1) @ nm.mx_fake(w, "mxfp8", -1).T)
+    gw = nm.mx_fake(gy, "mxfp8", 0).T @ nm.mx_fake(x, "mxfp8", 0)
+    assert torch.equal(g["grad_weight"], gw)
+    s8 = nm.mx_linear_sqnr(x, w, gy, "mxfp8")
+    s4 = nm.mx_linear_sqnr(x, w, gy, "mxfp4")
+    assert s8["output_db"] > 15 and s8["grad_input_db"] >= 25 and s8["grad_weight_db"] >= 25
+    assert s4["output_db"] > 15 and s4["output_db"] < s8["output_db"]
+    with pytest.raises(ValueError, match="recipe"):
+        nm.mx_linear_grads(x, w, gy, "mxfp8", recipe="once")
+
+
+def test_error_report_and_chunked_accumulation():
+    r = nm.error_report(torch.tensor([1.0, 2.5, 0.0]), torch.tensor([1.0, 2.0, 0.0]))
+    assert r["max_abs"] == 0.5 and r["max_rel"] == 0.25
+    a = torch.ones(1, 4096)
+    b = torch.ones(4096, 1)
+    assert nm.chunked_matmul(a, b, torch.float32).item() == 4096
+    assert nm.chunked_matmul(a, b, torch.float16, chunk=1).item() == 2048   # 2048 + 1 rounds back to 2048
+    assert nm.chunked_matmul(a, b, torch.float16, chunk=32).item() == 4096  # exact: multiples of 32 stay representable

@@ -1,0 +1,78 @@
+"""Roofline (屋顶模型): where a kernel sits between the memory line and the compute ceiling.
+
+attainable = min(peak FLOP/s, intensity x bandwidth), with intensity = FLOP per byte moved. Both
+ceilings come from Lab 01's measurements, not a datasheet. A batch-1 decode GEMV does ~2 FLOP per
+weight element, so its intensity is ~1 FLOP/byte in bf16 and ~4 in Int4: far left of any GPU's
+ridge, memory-bound either way, and its speed-up from Int4 is bounded by the ratio of bytes moved.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def gemm_bytes(m: int, n: int, k: int, a_bytes: float, b_bytes: float, c_bytes: float) -> float:
+    """Bytes a GEMM must move at least once: A [m, k], B [k, n] read, C [m, n] written."""
+    return m * k * a_bytes + k * n * b_bytes + m * n * c_bytes
+
+
+def int4_weight_bytes(k: int, n: int, group_size: int = 128) -> float:
+    """GPTQ Int4 weights of a k x n layer: 4-bit codes, an fp16 scale and a 4-bit zero per group and column."""
+    if k % group_size:
+        raise ValueError(f"k={k} must be a multiple of group_size={group_size}")
+    groups = k // group_size
+    return k * n / 2 + groups * n * 2 + groups * n / 2
+
+
+def point(name: str, flops: float, nbytes: float, seconds: float) -> dict:
+    """A measured kernel as a roofline point: intensity (FLOP/byte) and achieved TFLOP/s and GB/s."""
+    if seconds <= 0 or nbytes <= 0:
+        raise ValueError(f"{name}: seconds and bytes must be > 0, got {seconds}, {nbytes}")
+    return {"kernel": name, "flops": flops, "bytes": nbytes, "seconds": seconds,
+            "intensity": flops / nbytes, "tflops": flops / seconds / 1e12, "gbps": nbytes / seconds / 1e9}
+
+
+def time_kernel(fn, device: str, repeats: int = 10) -> float:
+    """Seconds per call. On CUDA: median of CUDA-graph replays (triton.testing.do_bench_cudagraph), so
+    a Python wrapper's launch overhead (tens of us for a Triton launch) is not counted against a
+    10 us kernel; elsewhere: the median of ceilings.time_op."""
+    import statistics
+
+    from .ceilings import time_op
+
+    if str(device).startswith("cuda"):
+        from triton.testing import do_bench_cudagraph
+        return float(do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e-3
+    return statistics.median(time_op(fn, device, warmup=2, repeats=repeats))
+
+
+def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
+    """The roof: min(peak, intensity x bandwidth), in TFLOP/s."""
+    return np.minimum(peak_tflops, np.asarray(intensity, dtype=float) * bandwidth_gbps / 1e3)
+
+
+def bound(p: dict, peak_tflops: float, bandwidth_gbps: float) -> str:
+    """'memory' left of the ridge (peak / bandwidth FLOP per byte), 'compute' right of it."""
+    return "memory" if p["intensity"] < peak_tflops * 1e3 / bandwidth_gbps else "compute"
+
+
+def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, title: str = ""):
+    """Log-log roofline: the memory line, one ceiling per dtype, the measured points."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    lo = min([p["intensity"] for p in points] + [0.1]) / 2
+    hi = max([p["intensity"] for p in points] + [peak_tflops and max(peak_tflops.values()) * 1e3 / bandwidth_gbps]) * 4
+    xs = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for dt, peak in sorted(peak_tflops.items(), key=lambda kv: -kv[1]):
+        ax.plot(xs, attainable_tflops(xs, peak, bandwidth_gbps), lw=1, label=f"roof {dt} ({peak:.3g} TFLOP/s)")
+    for p in points:
+        ax.scatter(p["intensity"], p["tflops"], zorder=3, color="black", marker="D", s=18)
+        ax.annotate(p["kernel"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s (int8: TOP/s)")
+    ax.set_title(title or f"roofline, {bandwidth_gbps:.0f} GB/s")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
