@@ -185,12 +185,13 @@ def output_tolerance(dtype: torch.dtype, k: int) -> float:
 
 def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,
                 desc_act: bool = False, format: str = "gptq", device: str = "cpu",
-                kernel_module=None, n_tokens: int = 4, seed: int = 0) -> dict:
+                kernel_module=None, dtype: torch.dtype | None = None, n_tokens: int = 4, seed: int = 0) -> dict:
     """Our unpacker on one layer's checkpoint tensors against GPTQModel.
 
     Weights: ours vs GPTQModel's TorchLinear.dequantize_weight, bit for bit. Outputs: the kernel that
     actually runs the model (`kernel_module`, e.g. the TorchAtenLinear or Marlin layer transformers
-    picked; GPTQModel's TorchLinear when None) on random activations, against float64 x @ W_ours.T.
+    picked; GPTQModel's TorchLinear when None) on random activations in `dtype` (the model's; default
+    the scales' dtype), against float64 x @ W_ours.T.
     """
     from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2
 
@@ -201,7 +202,9 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     theirs = kernel_dequantize(ref_mod)
     exact = bool(ours.shape == theirs.shape and ours.dtype == theirs.dtype and torch.equal(ours, theirs))
     kernel = kernel_module if kernel_module is not None else ref_mod
-    dtype = kernel.scales.dtype if kernel.scales.is_floating_point() else torch.bfloat16
+    if dtype is None:
+        scales = getattr(kernel, "scales", None)
+        dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_tokens, ours.shape[1], generator=gen).to(device=device, dtype=dtype)
     with torch.no_grad():
