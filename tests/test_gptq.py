@@ -137,5 +137,9 @@ def test_against_the_kernel_transformers_picks():
     assert torch.equal(gptq.zero_points(mod.qzeros, 4, "gptq_v2"), gptq.zero_points(stored["qzeros"], 4, "gptq"))
     ours = gptq.dequantize(stored["qweight"], stored["qzeros"], stored["scales"], stored["g_idx"])
     assert torch.equal(gptq.kernel_dequantize(mod).to(ours.dtype), ours)
-    r = gptq.check_layer(stored, kernel_module=mod)
-    assert r["output_ok"], r
+    r = gptq.check_layer(stored, kernel_module=mod, dtype=torch.bfloat16)
+    assert r["output_kernel"] == "TorchAtenLinear" and r["output_dtype"] == "bfloat16"
+    assert r["model_kernel_weight_bit_exact"] is True and r["weight_bit_exact"] and r["output_ok"], r
+    # after its first forward the CPU kernel has repacked its weights: no GPTQ layout to compare
+    r = gptq.check_layer(stored, kernel_module=mod, dtype=torch.bfloat16)
+    assert r["model_kernel_weight_bit_exact"] is None and r["output_ok"], r

@@ -183,6 +183,12 @@ def output_tolerance(dtype: torch.dtype, k: int) -> float:
     return matmul_error_bound(dtype, k) + 4 * UNIT_ROUNDOFF[dtype]
 
 
+def _gptq_layout(module, qweight: torch.Tensor) -> bool:
+    q, z = getattr(module, "qweight", None), getattr(module, "qzeros", None)
+    return (isinstance(q, torch.Tensor) and isinstance(z, torch.Tensor) and q.dtype == torch.int32
+            and z.dtype == torch.int32 and q.shape == qweight.shape and hasattr(module, "dequantize_weight"))
+
+
 def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,
                 desc_act: bool = False, format: str = "gptq", device: str = "cpu",
                 kernel_module=None, dtype: torch.dtype | None = None, n_tokens: int = 4, seed: int = 0) -> dict:
@@ -202,6 +208,15 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     theirs = kernel_dequantize(ref_mod)
     exact = bool(ours.shape == theirs.shape and ours.dtype == theirs.dtype and torch.equal(ours, theirs))
     kernel = kernel_module if kernel_module is not None else ref_mod
+    # The loaded kernel's own dequantize path too, while it still holds GPTQ-layout buffers (CPU's
+    # TorchAtenLinear until its first forward); None where the kernel repacked them (Marlin, ...).
+    model_exact = None
+    if kernel_module is not None and _gptq_layout(kernel_module, tensors["qweight"]):
+        try:
+            mine = kernel_dequantize(kernel_module)
+            model_exact = bool(mine.shape == ours.shape and torch.equal(mine.to(ours.dtype), ours))
+        except Exception:  # noqa: BLE001 - a kernel without a usable dequantize path: not comparable
+            model_exact = None
     if dtype is None:
         scales = getattr(kernel, "scales", None)
         dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
@@ -219,5 +234,5 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
             "reference_kernel": type(ref_mod).__name__,
             "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape
             else float("inf"), "weight_bit_exact": exact,
-            "output_kernel": type(kernel).__name__, "output_dtype": str(out.dtype).replace("torch.", ""),
+            "model_kernel_weight_bit_exact": model_exact, "output_kernel": type(kernel).__name__, "output_dtype": str(out.dtype).replace("torch.", ""),
             "output_rel_l2": rel, "output_tolerance": tol, "output_ok": bool(rel <= tol)}
