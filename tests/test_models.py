@@ -135,6 +135,9 @@ def test_download_moves_into_place_only_when_complete(tmp_path):
     assert fetch.verify_manifest(path)["ok"] is True
     r = fetch.resolve_model("Org/M", "golden", offline=True, cache_dir=cache, revision="v1")
     assert r["path"] == str(path)
+    fetch.snapshot_dir(cache, "Org/Other").mkdir()          # a stray, incomplete folder in the way
+    with pytest.raises(fetch.FetchError, match="not a complete model folder"):
+        fetch.download("Org/Other", cache, command=_fake("ok"))
 
 
 @pytest.mark.parametrize("mode", ["fail", "partial", "slow"])
@@ -165,3 +168,4 @@ def test_real_modelscope_without_network_is_bounded(tmp_path, monkeypatch):
         fetch.resolve_model("Qwen/Qwen2.5-7B-Instruct", "golden", offline=False, cache_dir=cache, timeout_s=3)
     assert not fetch.snapshot_dir(cache, "Qwen/Qwen2.5-7B-Instruct").exists()
     assert not (cache / ".staging").exists()
+

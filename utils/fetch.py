@@ -76,6 +76,9 @@ def download(model_id: str, cache_dir: str | Path, revision: str = "master", tim
     final = snapshot_dir(cache_dir, model_id, revision)
     if is_complete(final):
         return final
+    if final.exists():
+        raise FetchError(f"{final} exists but is not a complete model folder (not made by this course's "
+                         "download, which only renames complete ones): remove it and fetch again")
     staging_root = Path(cache_dir) / ".staging"
     staging = staging_root / final.name
     staging.mkdir(parents=True, exist_ok=True)
@@ -135,7 +138,7 @@ def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path 
         if not is_complete(path):
             raise FetchError(f"the embedded fixture {path} is incomplete: restore fixtures/ from git "
                              "(git checkout -- fixtures) or remake it with scripts/make_fixture.py")
-        return {"path": str(path), "id": f"fixture:tiny-qwen2-gsm/{path.name}", "source": "fixture",
+        return {"path": str(path), "id": f"{path.parent.name}/{path.name}", "source": "fixture",
                 "note": note}
 
     if spec == "fixture":
