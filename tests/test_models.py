@@ -169,3 +169,17 @@ def test_real_modelscope_without_network_is_bounded(tmp_path, monkeypatch):
     assert not fetch.snapshot_dir(cache, "Qwen/Qwen2.5-7B-Instruct").exists()
     assert not (cache / ".staging").exists()
 
+
+def test_the_embedded_fixture_pair_passes_the_checks():
+    """The committed fixture pair, through the same path as a download: complete, GPTQ settings as Qwen's,
+    the same logical parameter count, and the Int4 twin about a quarter of the BF16 bytes on disk."""
+    golden = fetch.resolve_model("fixture", "golden", offline=True)
+    int4 = fetch.resolve_model("fixture", "int4", offline=True)
+    assert golden["source"] == int4["source"] == "fixture"
+    assert Path(golden["path"]).name == "bf16" and Path(int4["path"]).name == "gptq-int4"
+    assert all(r["ok"] for r in fetch.check_quant_config(int4["path"]))
+    assert fetch.quant_config(golden["path"]) == {}
+    fg, fi = fetch.footprint(golden["path"]), fetch.footprint(int4["path"])
+    assert fg["parameters"] == fi["parameters"] > 1_000_000
+    assert 1.99 < fg["disk_bytes_per_param"] < 2.05
+    assert 0.5 < fi["disk_bytes_per_param"] < 0.7
