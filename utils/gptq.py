@@ -1,0 +1,238 @@
+"""The reference GPTQ unpacker: rebuild a GPTQ linear layer's dequantized weight from its tensors.
+
+Why hand-written: this is the lesson of Lab 02 (what is inside an Int4 checkpoint), and a reference
+that depends on no kernel lets Lab 04 tell a kernel's error from the quantization's own error.
+Pure PyTorch, any device; checked bit-exact against GPTQModel's own kernel (`check_module`).
+
+A GPTQ linear layer (in_features -> out_features, b bits, pack factor p = 32 / b, group size G) holds:
+  qweight [in/p, out]  int32: p b-bit codes packed along the INPUT dim; code k of a word sits at
+                        bits k*b .. k*b+b-1 (least significant first), i.e. row i*p + k of the weight;
+  qzeros  [groups, out/p] int32: the zero points, packed the same way but along the OUTPUT dim;
+  scales  [groups, out] float16: one scale per (group, output column);
+  g_idx   [in] int32: the group of each input row (i // G without act-order; a permutation with it).
+Dequantized: W[o, i] = scales[g_idx[i], o] * (q[i, o] - z[g_idx[i], o]), returned as [out, in]
+(torch.nn.Linear's layout; GPTQModel's kernels build the transpose [in, out]).
+
+The v1 quirk: checkpoints in the `gptq` format (v1: AutoGPTQ, Qwen's published Int4 models, and
+GPTQModel's default when saving) store each zero point MINUS ONE (a symmetric 4-bit zero of 8 is
+stored as 7). GPTQModel's kernels work in `gptq_v2` (zeros as they are) and, on load, add one to
+every packed zero nibble (`convert_gptq_v1_to_v2_format_module`); they subtract it again on save.
+"""
+from __future__ import annotations
+
+import torch
+
+FORMATS = ("gptq", "gptq_v2")
+
+
+def _check_bits(bits: int) -> int:
+    if bits not in (2, 4, 8):
+        raise ValueError(f"bits={bits}: this unpacker handles 2, 4 and 8 bits (32 / bits codes per int32); "
+                         "3-bit GPTQ packs codes across words and is not covered.")
+    return 32 // bits
+
+
+def unpack_int32(packed: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor:
+    """Unpack the 32/bits codes in each int32 along `dim` (least significant code first) -> int16 codes."""
+    if packed.dtype != torch.int32:
+        raise TypeError(f"packed tensor must be int32 (GPTQ packs into int32), got {packed.dtype}")
+    p = _check_bits(bits)
+    shifts = torch.arange(0, 32, bits, device=packed.device, dtype=torch.int32)
+    x = packed.movedim(dim, -1).unsqueeze(-1)                      # [..., n, 1]
+    codes = torch.bitwise_and(torch.bitwise_right_shift(x, shifts), (1 << bits) - 1)  # [..., n, p]
+    codes = codes.reshape(*x.shape[:-2], x.shape[-2] * p)
+    return codes.to(torch.int16).movedim(-1, dim)
+
+
+def pack_int32(codes: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor:
+    """The inverse of unpack_int32: codes in [0, 2**bits) packed 32/bits per int32 along `dim`."""
+    p = _check_bits(bits)
+    if codes.shape[dim] % p:
+        raise ValueError(f"dim {dim} has {codes.shape[dim]} codes, not a multiple of {p} (32 / bits={bits})")
+    c = codes.to(torch.int64)
+    if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 1 << bits):
+        raise ValueError(f"codes must lie in [0, {1 << bits}) for bits={bits}")
+    c = c.movedim(dim, -1)
+    c = c.reshape(*c.shape[:-1], c.shape[-1] // p, p)
+    shifts = torch.arange(0, 32, bits, device=c.device, dtype=torch.int64)
+    word = (c << shifts).sum(-1)                                   # 0 .. 2**32 - 1
+    word = torch.where(word >= 2**31, word - 2**32, word)          # the same bits as a signed int32
+    return word.to(torch.int32).movedim(-1, dim)
+
+
+def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
+    """The true zero points [groups, out] from packed qzeros; `gptq` (v1) adds back the stored minus one."""
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}: use 'gptq' (v1, zeros stored minus one) or 'gptq_v2'")
+    z = unpack_int32(qzeros, bits, dim=1)
+    return z + 1 if format == "gptq" else z
+
+
+def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+               g_idx: torch.Tensor | None = None, bits: int = 4, format: str = "gptq",
+               group_size: int | None = None) -> torch.Tensor:
+    """The dequantized weight [out, in] in the scales' dtype, computed as scale * (q - z) once rounded.
+
+    g_idx None means the plain grouping i // group_size (group_size None: in / number of groups).
+    """
+    q = unpack_int32(qweight, bits, dim=0)                         # [in, out]
+    z = zero_points(qzeros, bits, format)[:, : scales.shape[1]]    # [groups, out]
+    n_in, n_out = q.shape
+    if scales.shape[1] != n_out or z.shape != scales.shape:
+        raise ValueError(f"inconsistent GPTQ tensors: qweight unpacks to [in={n_in}, out={n_out}], "
+                         f"zeros to {tuple(z.shape)}, scales are {tuple(scales.shape)}")
+    if g_idx is None:
+        group_size = group_size or n_in // scales.shape[0]
+        g_idx = torch.arange(n_in, device=q.device) // group_size
+    g = g_idx.to(device=q.device, dtype=torch.long)
+    if g.shape != (n_in,) or int(g.max()) >= scales.shape[0] or int(g.min()) < 0:
+        raise ValueError(f"g_idx must have {n_in} entries in [0, {scales.shape[0]}), got shape {tuple(g.shape)}")
+    w = scales[g] * (q - z[g]).to(scales.dtype)                    # [in, out], one rounding
+    return w.t().contiguous()
+
+
+def read_layer(path, name: str) -> dict:
+    """One GPTQ layer's tensors as stored in a checkpoint folder (sharded or not), `name` without suffix."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shard = weight_map.get(f"{name}.qweight")
+    else:
+        shard = "model.safetensors"
+    out = {}
+    if shard is not None and (path / shard).is_file():
+        with safe_open(str(path / shard), framework="pt") as f:
+            for key in ("qweight", "qzeros", "scales", "g_idx", "bias"):
+                if f"{name}.{key}" in f.keys():
+                    out[key] = f.get_tensor(f"{name}.{key}")
+    if "qweight" not in out:
+        raise KeyError(f"{name}.qweight is not in the checkpoint at {path}: list layers with layer_names(path)")
+    return out
+
+
+def layer_names(path) -> list[str]:
+    """The names of every GPTQ layer in a checkpoint folder, in file order."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        keys = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    else:
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            keys = list(f.keys())
+    return sorted({k[: -len(".qweight")] for k in keys if k.endswith(".qweight")},
+                  key=lambda n: [int(t) if t.isdigit() else t for t in n.split(".")])
+
+
+def gptqmodel_reference(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,
+                        desc_act: bool = False, format: str = "gptq", device: str = "cpu"):
+    """GPTQModel's own pure-torch kernel (TorchLinear) holding one layer's checkpoint tensors.
+
+    It converts v1 zeros to v2 with GPTQModel's own convert_gptq_v1_to_v2_format_module, exactly as a
+    model load does. torch.compile of its dequantize path is skipped (same code, eager).
+    """
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.quantization import FORMAT
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+
+    qweight = tensors["qweight"]
+    n_in, n_out = qweight.shape[0] * (32 // bits), qweight.shape[1]
+    mod = TorchLinear(bits=bits, group_size=group_size, sym=sym, desc_act=desc_act, in_features=n_in,
+                      out_features=n_out, bias="bias" in tensors,
+                      format=FORMAT.GPTQ if format == "gptq" else FORMAT.GPTQ_V2)
+    for key, value in tensors.items():
+        getattr(mod, key).data = value.clone().to(device)
+    if format == "gptq":
+        convert_gptq_v1_to_v2_format_module(mod, bits=bits, pack_dtype=torch.int32)
+    mod.optimized = True
+    mod.post_init()
+    return mod.eval()
+
+
+def kernel_dequantize(module) -> torch.Tensor:
+    """A GPTQModel QuantLinear's own dequantized weight, as [out, in] (its kernels build [in, out])."""
+    with torch.no_grad():
+        w = module.dequantize_weight()
+    return w.t().contiguous()
+
+
+def gptq_linear_modules(model) -> dict:
+    """{name: module} of every GPTQ quantized linear layer of a loaded model (anything with qweight)."""
+    return {n: m for n, m in model.named_modules() if hasattr(m, "qweight") and hasattr(m, "qzeros")}
+
+
+def output_tolerance(dtype: torch.dtype, k: int) -> float:
+    """Relative-L2 tolerance of a GPTQ layer output computed in `dtype` against float64 on our weight.
+
+    Both sides use the same dequantized weight (checked bit-exact), so only the kernel's arithmetic
+    differs: utils.metrics.matmul_error_bound (output rounding + fp32 accumulation over k) plus one
+    more rounding of the activations to `dtype` (CPU int4 kernels cast them to bf16), safety 4.
+    """
+    from .metrics import UNIT_ROUNDOFF, matmul_error_bound
+
+    return matmul_error_bound(dtype, k) + 4 * UNIT_ROUNDOFF[dtype]
+
+
+def _gptq_layout(module, qweight: torch.Tensor) -> bool:
+    q, z = getattr(module, "qweight", None), getattr(module, "qzeros", None)
+    return (isinstance(q, torch.Tensor) and isinstance(z, torch.Tensor) and q.dtype == torch.int32
+            and z.dtype == torch.int32 and q.shape == qweight.shape and hasattr(module, "dequantize_weight"))
+
+
+def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,
+                desc_act: bool = False, format: str = "gptq", device: str = "cpu",
+                kernel_module=None, dtype: torch.dtype | None = None, n_tokens: int = 4, seed: int = 0) -> dict:
+    """Our unpacker on one layer's checkpoint tensors against GPTQModel.
+
+    Weights: ours vs GPTQModel's TorchLinear.dequantize_weight, bit for bit. Outputs: the kernel that
+    actually runs the model (`kernel_module`, e.g. the TorchAtenLinear or Marlin layer transformers
+    picked; GPTQModel's TorchLinear when None) on random activations in `dtype` (the model's; default
+    the scales' dtype), against float64 x @ W_ours.T.
+    """
+    from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2
+
+    tensors = {k: v.to(device) for k, v in tensors.items()}
+    ours = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"),
+                      bits, format, group_size)
+    ref_mod = gptqmodel_reference(tensors, bits, group_size, sym, desc_act, format, device)
+    theirs = kernel_dequantize(ref_mod)
+    exact = bool(ours.shape == theirs.shape and ours.dtype == theirs.dtype and torch.equal(ours, theirs))
+    kernel = kernel_module if kernel_module is not None else ref_mod
+    # The loaded kernel's own dequantize path too, while it still holds GPTQ-layout buffers (CPU's
+    # TorchAtenLinear until its first forward); None where the kernel repacked them (Marlin, ...).
+    model_exact = None
+    if kernel_module is not None and _gptq_layout(kernel_module, tensors["qweight"]):
+        try:
+            mine = kernel_dequantize(kernel_module)
+            model_exact = bool(mine.shape == ours.shape and torch.equal(mine.to(ours.dtype), ours))
+        except Exception:  # noqa: BLE001 - a kernel without a usable dequantize path: not comparable
+            model_exact = None
+    if dtype is None:
+        scales = getattr(kernel, "scales", None)
+        dtype = scales.dtype if scales is not None and scales.is_floating_point() else torch.float16
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, ours.shape[1], generator=gen).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        out = kernel(x)
+    ref = x.double() @ ours.double().t()
+    if tensors.get("bias") is not None:
+        ref = ref + tensors["bias"].double()
+    low = max((out.dtype, x.dtype) + ((torch.bfloat16,) if "Aten" in type(kernel).__name__ else ()),
+              key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
+    rel, tol = relative_l2(out, ref), output_tolerance(low, ours.shape[1])
+    return {"shape_out_in": list(ours.shape), "weight_dtype": str(ours.dtype).replace("torch.", ""),
+            "reference_kernel": type(ref_mod).__name__,
+            "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape
+            else float("inf"), "weight_bit_exact": exact,
+            "model_kernel_weight_bit_exact": model_exact, "output_kernel": type(kernel).__name__, "output_dtype": str(out.dtype).replace("torch.", ""),
+            "output_rel_l2": rel, "output_tolerance": tol, "output_ok": bool(rel <= tol)}
