@@ -92,7 +92,7 @@ def test_real_gsm8k_through_offline_path_on_fixture_model(real_files, tmp_path, 
         assert run["accuracy"][f]["acc"] == pytest.approx(acc)
     names = [Path(p).name for p in run["lm_eval_files"]]
     assert any(n.startswith("results_") for n in names) and any(n.startswith("samples_") for n in names)
-    sample_file = next(Path(p) for p in run["lm_eval_files"] if Path(p).name.startswith("samples_"))
+    sample_file = next(tmp_path / p for p in run["lm_eval_files"] if Path(p).name.startswith("samples_"))
     logged = [json.loads(line) for line in sample_file.read_text().splitlines()]
     assert len(logged) == 3 * len(ev.FILTERS)
     _, local = tasks  # the prompt lm-eval sent is the built-in 5-shot rendering of the same doc
@@ -173,3 +173,14 @@ def test_per_problem_rows_outcomes_and_flips():
     assert flips[0]["golden_right"] and not flips[0]["int4_right"] and flips[0]["target"] == "2"
     with pytest.raises(ev.EvalInputError, match="primary_filter"):
         ev.outcomes(g, "loose")
+
+
+def test_choose_data_order_and_offline_refusal(tmp_path, real_files):
+    assert ev.choose_data(str(GSM8K), None, offline=True) == real_files
+    lab02 = {"train": str(real_files["train"]), "test": str(real_files["test"]), "source": "fixture"}
+    assert ev.choose_data("", lab02, offline=True) == real_files
+    assert ev.choose_data("", {"train": None, "test": None, "source": "hub"}, offline=False) is None
+    with pytest.raises(ev.EvalInputError, match="gsm8k_data: this run is offline"):
+        ev.choose_data("", {"train": None, "test": None}, offline=True)
+    with pytest.raises(ev.EvalInputError, match="gsm8k_data .*Lab 02.* does not exist"):
+        ev.choose_data("", {"train": str(tmp_path / "a"), "test": str(tmp_path / "b")}, offline=True)

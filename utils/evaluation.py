@@ -81,6 +81,22 @@ def data_files_from_folder(folder: str | Path, param: str = "gsm8k_data") -> dic
     return check_gsm8k_files(folder / "train.jsonl", folder / "test.jsonl", param)
 
 
+def choose_data(gsm8k_data: str | Path | None, lab02_gsm8k: dict | None, offline: bool) -> dict[str, Path] | None:
+    """Which GSM8K: the gsm8k_data folder if given, else Lab 02's fixture files, else (online) the hub.
+
+    Returns {"train", "test"} paths, or None for the hub dataset through the built-in task.
+    """
+    if gsm8k_data:
+        return data_files_from_folder(gsm8k_data)
+    g = lab02_gsm8k or {}
+    if g.get("train") and g.get("test"):
+        return check_gsm8k_files(g["train"], g["test"], param="gsm8k_data (empty: Lab 02's data files)")
+    if offline:
+        raise EvalInputError("gsm8k_data: this run is offline and Lab 02 recorded no local GSM8K files; give "
+                             "a folder holding train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k)")
+    return None
+
+
 def write_local_task(data_files: dict[str, Path], task_dir: str | Path, task_name: str = LOCAL_TASK) -> Path:
     """Write <task_dir>/<task_name>.yaml: the installed gsm8k task with only its data source swapped."""
     task_dir = Path(task_dir)
@@ -200,7 +216,7 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
 
     data_files None: the hub dataset through the built-in task (needs internet). Returns
     {"label", "model_path", "task", "accuracy": {filter: {"acc", "stderr"}}, "n", "problems",
-    "throughput", "lm_eval_files", "settings"}.
+    "throughput", "lm_eval_files" (relative to out_dir), "settings"}.
     """
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
@@ -211,7 +227,8 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
         raise EvalInputError(f"num_fewshot: {num_fewshot!r} must be >= 0")
     if int(max_gen_toks) < 1:
         raise EvalInputError(f"max_gen_toks: {max_gen_toks!r} must be >= 1")
-    out_dir = Path(out_dir) / "lm_eval" / label
+    lab_out = Path(out_dir)
+    out_dir = lab_out / "lm_eval" / label
     if data_files is not None:
         files = check_gsm8k_files(data_files.get("train"), data_files.get("test"))
         task = LOCAL_TASK
@@ -236,7 +253,8 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
     tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
                                     samples=copy.deepcopy(res["samples"]))
     tracker.save_results_samples(task_name=task, samples=copy.deepcopy(samples))
-    saved = sorted(str(p) for p in out_dir.rglob("*.json*") if p.name.startswith(("results_", "samples_")))
+    saved = sorted(str(p.relative_to(lab_out)) for p in out_dir.rglob("*.json*")
+                   if p.name.startswith(("results_", "samples_")))
     if not any(Path(p).name.startswith("samples_") for p in saved):
         raise RuntimeError(f"lm-eval did not write its per-sample log under {out_dir}")
     r = res["results"][task]
@@ -282,3 +300,39 @@ def flipped(golden: dict, int4: dict, filt: str, n: int = 5) -> list[dict]:
                          "golden_generation": g["generation"], "int4_right": bool(q[filt]),
                          "int4_answer": q[f"{filt}_answer"], "int4_generation": q["generation"]})
     return rows[:n]
+
+
+def accuracy_table(runs: dict[str, dict]):
+    """pandas table: one row per model and filter, accuracy +- stderr in %, and throughput."""
+    import pandas as pd
+
+    rows = []
+    for name, run in runs.items():
+        tp = run["throughput"]
+        for f in FILTERS:
+            a = run["accuracy"][f]
+            rows.append({"model": name, "filter": f, "n": run["n"], "accuracy %": 100 * a["acc"],
+                         "± stderr": 100 * a["stderr"], "problems/s": tp["problems_per_s"],
+                         "gen tokens/s": tp["tokens_per_s"]})
+    return pd.DataFrame(rows).round(2)
+
+
+def plot_accuracy(runs: dict[str, dict], title: str = "GSM8K accuracy (lm-eval gsm8k), ± 1 stderr"):
+    """Grouped bars: accuracy per filter for each model, with lm-eval's stderr as error bars."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    width = 0.8 / max(1, len(runs))
+    for i, (name, run) in enumerate(runs.items()):
+        xs = [j + i * width for j in range(len(FILTERS))]
+        acc = [100 * run["accuracy"][f]["acc"] for f in FILTERS]
+        err = [100 * run["accuracy"][f]["stderr"] for f in FILTERS]
+        bars = ax.bar(xs, acc, width, yerr=err, capsize=3, label=name)
+        for bar, v in zip(bars, acc):
+            ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(FILTERS))], FILTERS)
+    ax.set_ylabel("accuracy %")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
