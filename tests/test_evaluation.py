@@ -184,3 +184,13 @@ def test_choose_data_order_and_offline_refusal(tmp_path, real_files):
         ev.choose_data("", {"train": None, "test": None}, offline=True)
     with pytest.raises(ev.EvalInputError, match="gsm8k_data .*Lab 02.* does not exist"):
         ev.choose_data("", {"train": str(tmp_path / "a"), "test": str(tmp_path / "b")}, offline=True)
+
+
+def test_dtype_policy_follows_utils_models(tmp_path):
+    plain = tmp_path / "plain"
+    _write(plain / "config.json", ['{"model_type": "qwen2"}'])
+    gptq = tmp_path / "gptq"
+    _write(gptq / "config.json", ['{"model_type": "qwen2", "quantization_config": {"quant_method": "gptq"}}'])
+    assert ev.resolve_dtype(plain, "cpu") == "float32" and ev.resolve_dtype(gptq, "cpu") == "bfloat16"
+    assert ev.resolve_dtype(plain, "cuda") == "bfloat16" and ev.resolve_dtype(gptq, "cuda:1") == "float16"
+    assert ev.resolve_dtype(plain, "cuda", "float32") == "float32"

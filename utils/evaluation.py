@@ -124,19 +124,16 @@ def task_manager(task_dir: str | Path | None = None):
 
 
 def resolve_dtype(model_path: str | Path, device: str, dtype: str = "auto") -> str:
-    """"auto": the same policy as utils.models.default_dtype, so Labs 03 and 04 compute alike:
-    float32 on CPU (the reference) but bfloat16 for GPTQ there, bfloat16 for BF16 checkpoints on
-    a GPU, float16 for GPTQ on a GPU (GPTQ kernels are written for fp16 activations)."""
+    """"auto": utils.models.default_dtype, so Labs 02-04 compute alike (float32 on CPU but bfloat16 for
+    GPTQ there; bfloat16 for BF16 checkpoints on a GPU, float16 for GPTQ on a GPU)."""
     if dtype != "auto":
         return str(dtype)
+    from utils.models import default_dtype
+
     try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        return str(default_dtype(model_path, device)).replace("torch.", "")
+    except (OSError, ValueError):
         return "auto"  # model_args/load_lm report the bad folder with the parameter's name
-    gptq = str((cfg.get("quantization_config") or {}).get("quant_method", "")).lower() == "gptq"
-    if str(device).startswith("cpu"):
-        return "bfloat16" if gptq else "float32"
-    return "float16" if gptq else "bfloat16"
 
 
 def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", parallelize: bool = False,
