@@ -194,3 +194,25 @@ def test_dtype_policy_follows_utils_models(tmp_path):
     assert ev.resolve_dtype(plain, "cpu") == "float32" and ev.resolve_dtype(gptq, "cpu") == "bfloat16"
     assert ev.resolve_dtype(plain, "cuda") == "bfloat16" and ev.resolve_dtype(gptq, "cuda:1") == "float16"
     assert ev.resolve_dtype(plain, "cuda", "float32") == "float32"
+
+
+@pytest.mark.parametrize("bad, message", [({"gsm8k_data": "/no/such/gsm8k"}, "gsm8k_data"),
+                                          ({"backend": "tgi"}, "backend")])
+def test_lab_notebook_bad_input_leaves_no_results(tmp_path, monkeypatch, bad, message):
+    """The lab itself: a bad parameter stops it with the parameter named, and no results.json appears."""
+    import papermill
+    from utils import results
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+
+    run_dir = tmp_path / "run"
+    model = str(fixture_model())
+    results.write_results(run_dir / "02_models", "02_models", data={
+        "models": {k: {"path": model, "id": "fixture", "source": "fixture"} for k in ("golden", "int4")},
+        "gsm8k": {"train": str(GSM8K / "train.jsonl"), "test": str(GSM8K / "test.jsonl"), "source": "fixture"}})
+    nb = REPO / "labs" / "03_eval" / "03_eval.ipynb"
+    with pytest.raises(papermill.PapermillExecutionError, match=message):
+        papermill.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), cwd=str(nb.parent), progress_bar=False,
+                                   parameters={"run_dir": str(run_dir), "device": "cpu", "gsm8k_limit": 2,
+                                               "batch_size": 2, **bad})
+    assert not (run_dir / "03_eval" / "results.json").exists()
