@@ -1,0 +1,335 @@
+"""GSM8K through lm-evaluation-harness's own `gsm8k` task, online or over local data files.
+
+Why not a hand-written loop: the prompt ("Question: ...\\nAnswer:", 5-shot from train), the stop
+sequences, the two answer filters (strict-match, flexible-extract) and the exact_match metric are
+what published GSM8K numbers mean. Offline, we write a tiny task yaml that `include`s the installed
+gsm8k.yaml and swaps only the data source (dataset_path: json + data_files), so every other line of
+the task is the harness's own. What this module adds: input checks that name the bad parameter,
+lm-eval's own output files kept in the lab folder, per-problem outcomes for the paired test, and
+throughput (problems/s, generated tokens/s of the generation phase).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BUILTIN_TASK = "gsm8k"
+LOCAL_TASK = "gsm8k_local"
+FILTERS = ("strict-match", "flexible-extract")
+BACKENDS = ("hf", "vllm")
+# The keys a local variant may change; everything else must equal the installed task config.
+DATA_KEYS = ("task", "tag", "dataset_path", "dataset_name", "dataset_kwargs")
+
+
+class EvalInputError(ValueError):
+    """A parameter of the evaluation is wrong; the message names it and says what to do."""
+
+
+def builtin_task_yaml() -> Path:
+    """The installed lm-eval gsm8k task config (the single source of the prompt, filters, metric)."""
+    import lm_eval.tasks
+
+    path = Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"lm-eval has no {path}: is lm-eval 0.4.x installed?")
+    return path
+
+
+def check_gsm8k_files(train: str | Path, test: str | Path, param: str = "gsm8k_data") -> dict[str, Path]:
+    """Check two GSM8K jsonl files (openai/gsm8k layout: question, answer ending '#### N').
+
+    Every line is read: a malformed file must fail here, naming the parameter, file and line,
+    not half-way through an evaluation.
+    """
+    out = {}
+    for split, path in (("train", train), ("test", test)):
+        path = Path(path) if path else None
+        if path is None or not path.is_file():
+            raise EvalInputError(f"{param}: the {split} file {path} does not exist; give a folder holding "
+                                 "train.jsonl and test.jsonl in the openai/gsm8k layout")
+        n = 0
+        with path.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    doc = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise EvalInputError(f"{param}: {path} line {i} is not JSON ({exc.msg})") from exc
+                if not (isinstance(doc, dict) and isinstance(doc.get("question"), str)
+                        and isinstance(doc.get("answer"), str) and "#### " in doc["answer"]):
+                    raise EvalInputError(f"{param}: {path} line {i} is not a GSM8K record: it needs "
+                                         "'question' and 'answer' strings, the answer ending in '#### N'")
+                n += 1
+        if n == 0:
+            raise EvalInputError(f"{param}: {path} holds no problems")
+        out[split] = path.resolve()
+    return out
+
+
+def data_files_from_folder(folder: str | Path, param: str = "gsm8k_data") -> dict[str, Path]:
+    """A local GSM8K folder: train.jsonl (few-shot examples) and test.jsonl (the problems)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise EvalInputError(f"{param}: {folder} is not a folder; give a folder holding train.jsonl "
+                             "and test.jsonl (openai/gsm8k layout), or leave it empty for the default")
+    return check_gsm8k_files(folder / "train.jsonl", folder / "test.jsonl", param)
+
+
+def choose_data(gsm8k_data: str | Path | None, lab02_gsm8k: dict | None, offline: bool) -> dict[str, Path] | None:
+    """Which GSM8K: the gsm8k_data folder if given, else Lab 02's fixture files, else (online) the hub.
+
+    Returns {"train", "test"} paths, or None for the hub dataset through the built-in task.
+    """
+    if gsm8k_data:
+        return data_files_from_folder(gsm8k_data)
+    g = lab02_gsm8k or {}
+    if g.get("train") and g.get("test"):
+        return check_gsm8k_files(g["train"], g["test"], param="gsm8k_data (empty: Lab 02's data files)")
+    if offline:
+        raise EvalInputError("gsm8k_data: this run is offline and Lab 02 recorded no local GSM8K files; give "
+                             "a folder holding train.jsonl and test.jsonl (e.g. ../shared/data/gsm8k)")
+    return None
+
+
+def write_local_task(data_files: dict[str, Path], task_dir: str | Path, task_name: str = LOCAL_TASK) -> Path:
+    """Write <task_dir>/<task_name>.yaml: the installed gsm8k task with only its data source swapped."""
+    task_dir = Path(task_dir)
+    task_dir.mkdir(parents=True, exist_ok=True)
+    cfg = {"include": str(builtin_task_yaml()), "task": task_name, "tag": None,
+           "dataset_path": "json", "dataset_name": None,
+           "dataset_kwargs": {"data_files": {"train": str(data_files["train"]),
+                                             "test": str(data_files["test"])}}}
+    path = task_dir / f"{task_name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def task_manager(task_dir: str | Path | None = None):
+    """lm-eval's TaskManager: the built-in tasks, or only our local task folder when given.
+
+    The local yaml includes the installed gsm8k.yaml by absolute path, so indexing the ~20 s worth of
+    built-in task folders is not needed for it.
+    """
+    from lm_eval.tasks import TaskManager
+
+    if task_dir:
+        return TaskManager(include_path=str(task_dir), include_defaults=False)
+    return TaskManager()
+
+
+def resolve_dtype(model_path: str | Path, device: str, dtype: str = "auto") -> str:
+    """"auto": utils.models.default_dtype, so Labs 02-04 compute alike (float32 on CPU but bfloat16 for
+    GPTQ there; bfloat16 for BF16 checkpoints on a GPU, float16 for GPTQ on a GPU)."""
+    if dtype != "auto":
+        return str(dtype)
+    from utils.models import default_dtype
+
+    try:
+        return str(default_dtype(model_path, device)).replace("torch.", "")
+    except (OSError, ValueError):
+        return "auto"  # model_args/load_lm report the bad folder with the parameter's name
+
+
+def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", parallelize: bool = False,
+               tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_gen_toks: int = 256,
+               param: str = "model") -> dict[str, Any]:
+    """The lm-eval model_args for a backend; refuses an unknown backend or a model folder that is absent."""
+    if backend not in BACKENDS:
+        raise EvalInputError(f"backend: {backend!r} is not supported; use one of {list(BACKENDS)}")
+    path = Path(str(model_path))
+    if not (path.is_dir() and (path / "config.json").is_file()):
+        raise EvalInputError(f"{param}: {model_path} is not a model folder (no config.json there); give the "
+                             "path of a local checkpoint (Lab 02 resolves hub ids to local paths)")
+    if backend == "vllm":
+        from importlib.util import find_spec
+
+        if find_spec("vllm") is None:
+            raise EvalInputError("backend: 'vllm' is not installed on this machine; use backend='hf'")
+        return {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
+                "data_parallel_size": int(data_parallel_size), "max_gen_toks": int(max_gen_toks)}
+    args = {"pretrained": str(path), "dtype": dtype}
+    if parallelize:
+        args["parallelize"] = True  # HF naive pipeline over all visible GPUs (accelerate device_map)
+    return args
+
+
+def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_size: int | str = "auto",
+            max_batch_size: int | None = 64, param: str = "model", **kwargs):
+    """Build lm-eval's model wrapper (the same call simple_evaluate makes), naming the parameter on failure."""
+    import lm_eval.api.registry
+
+    kwargs["dtype"] = resolve_dtype(model_path, device, kwargs.get("dtype", "auto"))
+    args = model_args(model_path, backend, param=param, **kwargs)
+    extra = {"batch_size": batch_size, "max_batch_size": max_batch_size,
+             "device": None if backend == "vllm" or args.get("parallelize") else device}
+    try:
+        return lm_eval.api.registry.get_model(backend).create_from_arg_obj(args, extra)
+    except Exception as exc:  # noqa: BLE001 - any load failure is the model parameter's problem
+        raise EvalInputError(f"{param}: {model_path} does not load as a {backend} model "
+                             f"({type(exc).__name__}: {exc})") from exc
+
+
+class _TimedGeneration:
+    """Wrap lm.generate_until to time the generation phase and count the tokens it kept."""
+
+    def __init__(self, lm):
+        self.lm, self.orig = lm, lm.generate_until
+        self.seconds, self.requests, self.tokens = 0.0, 0, 0
+
+    def __call__(self, requests, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.orig(requests, *args, **kwargs)
+        self.seconds += time.perf_counter() - t0
+        self.requests += len(requests)
+        tok = self.lm.tokenizer
+        self.tokens += sum(len(tok.encode(text, add_special_tokens=False)) for text in out)
+        return out
+
+
+def _per_problem(samples: list[dict]) -> list[dict]:
+    """One row per problem from lm-eval's per-sample log (it has one record per problem and filter)."""
+    rows: dict[int, dict] = {}
+    for s in samples:
+        row = rows.setdefault(s["doc_id"], {"doc_id": s["doc_id"], "question": s["doc"]["question"],
+                                            "target": s["doc"]["answer"].split("#### ")[-1].strip(),
+                                            "generation": s["resps"][0][0]})
+        row[s["filter"]] = int(s["exact_match"])
+        row[f"{s['filter']}_answer"] = s["filtered_resps"][0]
+    return [rows[k] for k in sorted(rows)]
+
+
+def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: dict[str, Path] | None = None,
+              backend: str = "hf", device: str = "cpu", batch_size: int | str = "auto", num_fewshot: int = 5,
+              apply_chat_template: bool = False, fewshot_as_multiturn: bool = False, limit: int | None = None,
+              seed: int = 1234, max_gen_toks: int = 256, dtype: str = "auto", parallelize: bool = False,
+              tensor_parallel_size: int = 1, data_parallel_size: int = 1, param: str = "model") -> dict:
+    """Evaluate one model on GSM8K with lm-eval; keep lm-eval's outputs under out_dir/lm_eval/<label>/.
+
+    data_files None: the hub dataset through the built-in task (needs internet). Returns
+    {"label", "model_path", "task", "accuracy": {filter: {"acc", "stderr"}}, "n", "problems",
+    "throughput", "lm_eval_files" (relative to out_dir), "settings"}.
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+
+    if limit is not None and (int(limit) != limit or limit < 1):
+        raise EvalInputError(f"gsm8k_limit: {limit!r} must be a positive whole number of problems, or None")
+    if int(num_fewshot) < 0:
+        raise EvalInputError(f"num_fewshot: {num_fewshot!r} must be >= 0")
+    if int(max_gen_toks) < 1:
+        raise EvalInputError(f"max_gen_toks: {max_gen_toks!r} must be >= 1")
+    lab_out = Path(out_dir)
+    out_dir = lab_out / "lm_eval" / label
+    if data_files is not None:
+        files = check_gsm8k_files(data_files.get("train"), data_files.get("test"))
+        task = LOCAL_TASK
+        tm = task_manager(write_local_task(files, out_dir / "task").parent)
+    else:
+        task, tm = BUILTIN_TASK, task_manager()
+    lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
+                 parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
+                 data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks)
+    timer = _TimedGeneration(lm)
+    lm.generate_until = timer
+    tracker = EvaluationTracker(output_path=str(out_dir))
+    margs = {"pretrained": str(model_path), "backend": backend}
+    res = simple_evaluate(model=lm, model_args=margs, tasks=[task], num_fewshot=num_fewshot,
+                          batch_size=batch_size, device=device, limit=limit, log_samples=True,
+                          evaluation_tracker=tracker, apply_chat_template=apply_chat_template,
+                          fewshot_as_multiturn=fewshot_as_multiturn, gen_kwargs={"max_gen_toks": int(max_gen_toks)},
+                          task_manager=tm, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                          fewshot_random_seed=seed)
+    samples = res["samples"][task]
+    problems = _per_problem(samples)
+    tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
+                                    samples=copy.deepcopy(res["samples"]))
+    tracker.save_results_samples(task_name=task, samples=copy.deepcopy(samples))
+    saved = sorted(str(p.relative_to(lab_out)) for p in out_dir.rglob("*.json*")
+                   if p.name.startswith(("results_", "samples_")))
+    if not any(Path(p).name.startswith("samples_") for p in saved):
+        raise RuntimeError(f"lm-eval did not write its per-sample log under {out_dir}")
+    r = res["results"][task]
+    accuracy = {f: {"acc": float(r[f"exact_match,{f}"]), "stderr": float(r[f"exact_match_stderr,{f}"])}
+                for f in FILTERS}
+    secs = timer.seconds
+    return {"label": label, "model_path": str(model_path), "task": task, "n": len(problems),
+            "accuracy": accuracy, "problems": problems, "lm_eval_files": saved,
+            "throughput": {"seconds": secs, "problems": timer.requests, "generated_tokens": timer.tokens,
+                           "problems_per_s": timer.requests / secs if secs > 0 else None,
+                           "tokens_per_s": timer.tokens / secs if secs > 0 else None},
+            "settings": {"backend": backend, "device": device, "batch_size": batch_size,
+                         "batch_sizes": res["config"].get("batch_sizes"), "num_fewshot": num_fewshot,
+                         "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
+                         "limit": limit, "seed": seed, "max_gen_toks": max_gen_toks,
+                         "dtype": resolve_dtype(model_path, device, dtype),
+                         "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
+                         "lm_eval_version": _lm_eval_version()}}
+
+
+def _lm_eval_version() -> str:
+    from importlib.metadata import version
+
+    return version("lm_eval")
+
+
+def outcomes(run: dict, filt: str) -> list[int]:
+    """0/1 per problem (doc_id order) under one filter, from run_gsm8k's result."""
+    if filt not in FILTERS:
+        raise EvalInputError(f"primary_filter: {filt!r} is not one of {list(FILTERS)}")
+    return [p[filt] for p in run["problems"]]
+
+
+def flipped(golden: dict, int4: dict, filt: str, n: int = 5) -> list[dict]:
+    """Up to n problems whose outcome differs between the models, with both generations."""
+    rows = []
+    for g, q in zip(golden["problems"], int4["problems"]):
+        if g["doc_id"] != q["doc_id"]:
+            raise ValueError("the two runs did not score the same problems in the same order")
+        if g[filt] != q[filt]:
+            rows.append({"doc_id": g["doc_id"], "question": g["question"], "target": g["target"],
+                         "golden_right": bool(g[filt]), "golden_answer": g[f"{filt}_answer"],
+                         "golden_generation": g["generation"], "int4_right": bool(q[filt]),
+                         "int4_answer": q[f"{filt}_answer"], "int4_generation": q["generation"]})
+    return rows[:n]
+
+
+def accuracy_table(runs: dict[str, dict]):
+    """pandas table: one row per model and filter, accuracy +- stderr in %, and throughput."""
+    import pandas as pd
+
+    rows = []
+    for name, run in runs.items():
+        tp = run["throughput"]
+        for f in FILTERS:
+            a = run["accuracy"][f]
+            rows.append({"model": name, "filter": f, "n": run["n"], "accuracy %": 100 * a["acc"],
+                         "± stderr": 100 * a["stderr"], "problems/s": tp["problems_per_s"],
+                         "gen tokens/s": tp["tokens_per_s"]})
+    return pd.DataFrame(rows).round(2)
+
+
+def plot_accuracy(runs: dict[str, dict], title: str = "GSM8K accuracy (lm-eval gsm8k), ± 1 stderr"):
+    """Grouped bars: accuracy per filter for each model, with lm-eval's stderr as error bars."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    width = 0.8 / max(1, len(runs))
+    for i, (name, run) in enumerate(runs.items()):
+        xs = [j + i * width for j in range(len(FILTERS))]
+        acc = [100 * run["accuracy"][f]["acc"] for f in FILTERS]
+        err = [100 * run["accuracy"][f]["stderr"] for f in FILTERS]
+        bars = ax.bar(xs, acc, width, yerr=err, capsize=3, label=name)
+        for bar, v in zip(bars, acc):
+            ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(FILTERS))], FILTERS)
+    ax.set_ylabel("accuracy %")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
