@@ -146,3 +146,31 @@ def test_healthy_copy_has_no_bad_layer_and_modes_validate():
         dv.compare_layers(golden, ids, cap, "shadow")
     fig = dv.plot_layers(rows, "t")
     assert len(fig.axes) == 4
+
+
+def test_resolve_models_reads_lab02_else_fixture_only(tmp_path):
+    from utils import results
+    empty = tmp_path / "run0"
+    empty.mkdir()
+    fb = dv.resolve_models(str(empty), "fixture", "fixture")
+    assert fb["source"] == "fixture" and fb["golden"].endswith("bf16") and "no Lab 02" in fb["note"]
+    with pytest.raises(results.ResultsError, match="Lab 02"):
+        dv.resolve_models(str(empty), "Qwen/Qwen2.5-7B-Instruct", "fixture")
+    run = tmp_path / "run1"
+    results.write_results(run / "02_models", "02_models", data={
+        "models": {"golden": {"path": "/m/g", "id": "g", "source": "local"},
+                   "int4": {"path": "/m/q", "id": "q", "source": "local"}},
+        "gsm8k": {"train": None, "test": "/d/test.jsonl", "source": "local"}})
+    got = dv.resolve_models(str(run), "x", "y")
+    assert (got["golden"], got["int4"], got["test"], got["source"]) == ("/m/g", "/m/q", "/d/test.jsonl", "local")
+
+
+def test_gsm8k_questions(tmp_path):
+    f = tmp_path / "test.jsonl"
+    f.write_text('{"question": "a?", "answer": "#### 1"}\n{"question": "b?", "answer": "#### 2"}\n')
+    assert dv.gsm8k_questions(str(f), None) == ["a?", "b?"]
+    assert dv.gsm8k_questions(str(f), 1) == ["a?"]
+    with pytest.raises(FileNotFoundError, match="Lab 02"):
+        dv.gsm8k_questions(str(tmp_path / "nope.jsonl"), 5)
+    with pytest.raises(ValueError, match="offline"):
+        dv.gsm8k_questions(None, 5, offline=True)

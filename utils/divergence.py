@@ -34,10 +34,9 @@ def cosine_verdict(cos: float, healthy: float = COS_HEALTHY, critical: float = C
     return "healthy" if cos >= healthy else "degraded"
 
 
-def free(*objs) -> None:
-    """Drop references and return the accelerator's cached memory (before loading the other model)."""
-    for o in objs:
-        del o
+def free() -> None:
+    """Collect garbage and return the accelerator's cached memory: call it after `del model`, before
+    loading the other model (never two full models on the accelerator at once)."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -298,3 +297,45 @@ def plot_layers(rows: list[dict[str, Any]], title: str = ""):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------- plumbing the lab needs
+def resolve_models(run_dir: str = "", golden_model: str = "fixture", int4_model: str = "fixture") -> dict:
+    """The two model folders and the GSM8K test file: Lab 02's results, else (fixture only) the fixture.
+
+    Returns {"golden", "int4", "test", "source", "note"}. Lab 02 is the one place models are fetched;
+    without its results only the embedded fixture can be used, and the note says so.
+    """
+    from .results import ResultsError
+    from .runs import find_lab_results
+    try:
+        m2 = find_lab_results("02_models", run_dir)["data"]
+        return {"golden": m2["models"]["golden"]["path"], "int4": m2["models"]["int4"]["path"],
+                "test": (m2.get("gsm8k") or {}).get("test"), "source": m2["models"]["golden"].get("source", ""),
+                "note": "model paths from Lab 02's results"}
+    except ResultsError as exc:
+        if golden_model != "fixture" or int4_model != "fixture":
+            raise ResultsError(f"golden_model={golden_model!r}, int4_model={int4_model!r} need Lab 02 to fetch "
+                               f"them first ({exc})") from exc
+        from .fixture import fixture_paths
+        p = fixture_paths()
+        return {"golden": str(p["golden"]), "int4": str(p["int4"]), "test": str(p["test"]), "source": "fixture",
+                "note": "no Lab 02 results: using the embedded fixture pair directly"}
+
+
+def gsm8k_questions(test_path: str | None, limit: int | None, offline: bool = True) -> list[str]:
+    """GSM8K test questions: from a local jsonl (the fixture's, or Lab 02's), else the hub's openai/gsm8k."""
+    import json
+    from pathlib import Path
+    if test_path:
+        if not Path(test_path).is_file():
+            raise FileNotFoundError(f"GSM8K test file {test_path} does not exist: rerun Lab 02.")
+        lines = Path(test_path).read_text(encoding="utf-8").splitlines()
+        questions = [json.loads(line)["question"] for line in lines if line.strip()]
+    elif offline:
+        raise ValueError("no local GSM8K test file and offline=True: set offline=False to read openai/gsm8k "
+                         "from the hub, or run Lab 02 with the fixture.")
+    else:
+        from datasets import load_dataset
+        questions = list(load_dataset("openai/gsm8k", "main", split="test")["question"])
+    return questions[:limit] if limit else questions
