@@ -93,3 +93,7 @@ def test_weights_digest_changes_with_weights(tmp_path):
     d1 = capture.weights_digest(tmp_path)
     save_file({"w": torch.ones(3)}, str(tmp_path / "model.safetensors"))
     assert d1 and capture.weights_digest(tmp_path) != d1 and capture.weights_digest(None) == ""
+
+
+def test_portable_id():
+    assert capture.portable_id("/a/b/fixtures/tiny-qwen2-gsm/bf16") == "tiny-qwen2-gsm/bf16"

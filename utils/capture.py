@@ -169,6 +169,12 @@ def weights_digest(path: str | Path | None) -> str:
     return h.hexdigest()[:16]
 
 
+def portable_id(path: str | Path) -> str:
+    """'tiny-qwen2-gsm/bf16' for a local folder: the model's name without this machine's directories."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
 @dataclass
 class Capture:
     tensors: dict[str, torch.Tensor]      # 'ids/<k>', 'logits/<k>', '<module>/<k>' for prompt k
@@ -300,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         prompts = ["Natalia sold clips to 48 of her friends in April."][: a.n]
     cap = make_capture(model, tok, prompts, max_tokens=a.max_tokens, parts=not a.no_parts,
-                       model_id=str(a.model), revision=weights_digest(a.model),
+                       model_id=portable_id(a.model), revision=weights_digest(a.model),
                        platform=detect_platform().as_dict())
     print(save_capture(cap, a.out))
 
