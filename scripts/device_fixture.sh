@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Train the embedded fixture's golden model on the lent GPU (the `device` tool) in one call.
+#     run(carry=['.whl'], command='bash scripts/device_fixture.sh [STEPS]')
+# Brings back $OUT/bf16.tar.gz (unpack here: tar -xzf <files_at>/bf16.tar.gz -C fixtures/tiny-qwen2-gsm/)
+# and $OUT/train.log. Then, here on CPU: python scripts/make_fixture.py quantize
+set -euo pipefail
+steps=${1:-2000}
+export PYTHONUNBUFFERED=1
+[ -f .whl/device-install.sh ] && source .whl/device-install.sh
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)'
+python3 scripts/make_fixture.py train --device cuda --steps "$steps" 2>&1 | tee "$out/train.log"
+python3 scripts/make_fixture.py check --device cuda --n 500 2>&1 | grep -v Warning | tee -a "$out/train.log"
+tar -czf "$out/bf16.tar.gz" -C fixtures/tiny-qwen2-gsm bf16
