@@ -24,10 +24,10 @@ def prompts(n=3, length=12, seed=1):
 
 
 def plant_fault(model, layer, scale=100.0):
-    """A copy with one 16x16 block of layer `layer`'s mlp.down_proj multiplied by `scale`."""
+    """A copy with one 16x16 block of layer `layer`'s mlp.down_proj multiplied by `scale` (dv.plant_fault)."""
     bad = copy.deepcopy(model)
-    with torch.no_grad():
-        bad.model.layers[layer].mlp.down_proj.weight[:16, :16] *= scale
+    assert dv.plant_fault(bad, layer, scale) == f"model.layers.{layer}.mlp.down_proj"
+    assert not torch.equal(bad.model.layers[layer].mlp.down_proj.weight, model.model.layers[layer].mlp.down_proj.weight)
     return bad
 
 
@@ -144,6 +144,8 @@ def test_healthy_copy_has_no_bad_layer_and_modes_validate():
                                          "post_attention_layernorm", "logits"}
     with pytest.raises(ValueError, match="mode"):
         dv.compare_layers(golden, ids, cap, "shadow")
+    with pytest.raises(ValueError, match="plant_fault_layer"):
+        dv.plant_fault(golden, 6)
     fig = dv.plot_layers(rows, "t")
     assert len(fig.axes) == 4
 

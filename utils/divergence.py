@@ -19,7 +19,7 @@ from typing import Any, Iterable
 import torch
 
 from . import metrics
-from .capture import forward_capture, hooked_modules, hooks, model_device, module_label
+from .capture import decoder_layers, forward_capture, hooked_modules, hooks, model_device, module_label
 
 COS_HEALTHY = 0.99   # the report's threshold: at or above, healthy
 COS_CRITICAL = 0.95  # below: critical, suspected SDC (静默数据损坏)
@@ -266,6 +266,21 @@ def first_bad(rows: list[dict[str, Any]], threshold: float = COS_HEALTHY, part: 
         if not (r["cosine"] >= threshold):  # NaN counts as bad
             return r
     return None
+
+
+@torch.no_grad()
+def plant_fault(model, layer: int, scale: float = 100.0, block: int = 16) -> str:
+    """Corrupt `model` in place: scale a block x block corner of decoder layer `layer`'s mlp.down_proj by `scale`.
+
+    The lab's self-test: a fault planted where we know must be found there. Returns the module's name.
+    Use a float (not GPTQ) model; reload it afterwards to get the healthy weights back.
+    """
+    prefix, layers = decoder_layers(model)
+    if not 0 <= layer < len(layers):
+        raise ValueError(f"plant_fault_layer must be in 0..{len(layers) - 1}, got {layer}")
+    w = layers[layer].mlp.down_proj.weight
+    w[:block, :block] *= scale
+    return f"{prefix}.{layer}.mlp.down_proj"
 
 
 def worst_layer(rows: list[dict[str, Any]], metric: str = "sqnr_db") -> dict[str, Any]:
