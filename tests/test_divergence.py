@@ -176,3 +176,27 @@ def test_gsm8k_questions(tmp_path):
         dv.gsm8k_questions(str(tmp_path / "nope.jsonl"), 5)
     with pytest.raises(ValueError, match="offline"):
         dv.gsm8k_questions(None, 5, offline=True)
+
+
+def fake_int4(model, group=32):
+    """A copy with every decoder Linear weight rounded to symmetric 4-bit per group (RTN), a GPTQ stand-in."""
+    q = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, mod in q.model.layers.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                w = mod.weight.view(-1, group)
+                scale = w.abs().amax(-1, keepdim=True) / 7
+                w.copy_((w / scale).round().clamp(-8, 7) * scale)
+    return q
+
+
+def test_quantization_error_accumulates_in_propagated_not_in_isolated():
+    golden = tiny_qwen2()
+    ids = prompts(2)
+    cap = dv.golden_layer_capture(golden, ids)
+    q = fake_int4(golden)
+    prop = [r for r in dv.compare_layers(q, ids, cap, "propagated") if r["part"] == "layer"]
+    iso = [r for r in dv.compare_layers(q, ids, cap, "isolated") if r["part"] == "layer"]
+    assert prop[0]["rel_l2"] == pytest.approx(iso[0]["rel_l2"], rel=0.3)  # layer 0 sees the same input
+    assert prop[-1]["rel_l2"] > 1.5 * iso[-1]["rel_l2"]                   # later layers inherit upstream error
+    assert all(0 < r["rel_l2"] < 0.5 for r in iso)
