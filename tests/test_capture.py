@@ -97,3 +97,21 @@ def test_weights_digest_changes_with_weights(tmp_path):
 
 def test_portable_id():
     assert capture.portable_id("/a/b/fixtures/tiny-qwen2-gsm/bf16") == "tiny-qwen2-gsm/bf16"
+
+
+def test_shipped_fixture_capture():
+    """The CPU fp32 reference in the repository: small, complete, and reproduced by the fixture model here."""
+    from utils.fixture import fixture_paths
+    folder = fixture_paths()["golden"].parent / "captures" / "cpu-fp32"
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert size < 2 * 2**20, f"{folder} is {size} bytes; keep it under 2 MB"
+    ref = capture.load_capture(folder)
+    assert ref.manifest["dtype"] == "float32" and ref.manifest["platform"]["backend"] == "cpu"
+    assert len([m for m in ref.modules if capture.module_label(m)[1] == "layer"]) == 6
+    golden = fixture_paths()["golden"]
+    if capture.weights_digest(golden) != ref.manifest["revision"]:
+        pytest.skip(f"fixture weights are not revision {ref.manifest['revision']}: remake the capture "
+                    "(python -m utils.capture ..., README Lab 04)")
+    from utils.models import load_model
+    rows = capture.compare_captures(ref, capture.capture_like(ref, load_model(golden, "cpu", torch.float32)))
+    assert all(r["cosine"] > 0.99999 for r in rows), [r for r in rows if r["cosine"] <= 0.99999][:2]
