@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from .models import gptq_loading_config, is_gptq
+
 BUILTIN_TASK = "gsm8k"
 LOCAL_TASK = "gsm8k_local"
 FILTERS = ("strict-match", "flexible-extract")
@@ -137,6 +139,7 @@ def resolve_dtype(model_path: str | Path, device: str, dtype: str = "auto") -> s
 
 
 def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", parallelize: bool = False,
+               device: str = "cpu",
                tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_gen_toks: int = 256,
                param: str = "model") -> dict[str, Any]:
     """The lm-eval model_args for a backend; refuses an unknown backend or a model folder that is absent."""
@@ -154,6 +157,8 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
         return {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
                 "data_parallel_size": int(data_parallel_size), "max_gen_toks": int(max_gen_toks)}
     args = {"pretrained": str(path), "dtype": dtype}
+    if is_gptq(path):  # the same GPTQModel kernel policy as utils.models.load_model
+        args["quantization_config"] = gptq_loading_config(path, device)
     if parallelize:
         args["parallelize"] = True  # HF naive pipeline over all visible GPUs (accelerate device_map)
     return args
@@ -165,7 +170,7 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
     import lm_eval.api.registry
 
     kwargs["dtype"] = resolve_dtype(model_path, device, kwargs.get("dtype", "auto"))
-    args = model_args(model_path, backend, param=param, **kwargs)
+    args = model_args(model_path, backend, param=param, device=device, **kwargs)
     extra = {"batch_size": batch_size, "max_batch_size": max_batch_size,
              "device": None if backend == "vllm" or args.get("parallelize") else device}
     try:

@@ -43,6 +43,30 @@ def default_dtype(path: str | Path, device: str):
     return torch.float16 if is_gptq(path) else torch.bfloat16
 
 
+def gptq_backend(device: str) -> str:
+    """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set, else "auto" on CPU and
+    "gptq_triton" on a GPU.
+
+    Why not "auto" on a GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete kernel,
+    which downloads CUTLASS and compiles it at load time; offline that fails with a URLError (measured
+    on the device machine). The Triton kernel needs only Triton and runs on NVIDIA and ROCm alike.
+    """
+    import os
+
+    chosen = os.environ.get("QUANTLAB_GPTQ_BACKEND", "").strip().lower()
+    return chosen or ("auto" if str(device).startswith("cpu") else "gptq_triton")
+
+
+def gptq_loading_config(path: str | Path, device: str):
+    """The quantization_config to pass to from_pretrained for a GPTQ checkpoint (None otherwise)."""
+    if not is_gptq(path):
+        return None
+    from transformers import GPTQConfig
+
+    q = _config(path)["quantization_config"]
+    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device))
+
+
 def load_model(path: str | Path, device: str = "cpu", dtype=None):
     """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration."""
     from transformers import AutoModelForCausalLM
@@ -51,6 +75,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None):
     kwargs = {"dtype": dtype}
     if is_gptq(path):
         kwargs["device_map"] = str(device)
+        kwargs["quantization_config"] = gptq_loading_config(path, device)
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not is_gptq(path):
         model = model.to(device)
