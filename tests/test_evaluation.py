@@ -216,3 +216,16 @@ def test_lab_notebook_bad_input_leaves_no_results(tmp_path, monkeypatch, bad, me
                                    parameters={"run_dir": str(run_dir), "device": "cpu", "gsm8k_limit": 2,
                                                "batch_size": 2, **bad})
     assert not (run_dir / "03_eval" / "results.json").exists()
+
+
+def test_int4_model_goes_to_lm_eval_with_the_chosen_gptq_kernel(monkeypatch):
+    """lm-eval would pass the checkpoint's own quantization_config; load_lm must keep our kernel choice."""
+    int4 = REPO / "fixtures" / "tiny-qwen2-gsm" / "gptq-int4"
+    kernels = {}
+    for choice in ("gptq_torch", "gptq_torch_aten"):
+        monkeypatch.setenv("QUANTLAB_GPTQ_BACKEND", choice)
+        lm = ev.load_lm(str(int4), device="cpu", batch_size=1, param="int4_model")
+        kernels[choice] = {type(m).__name__ for n, m in lm.model.named_modules() if n.endswith("_proj")}
+        assert lm.generate_until  # a usable lm-eval wrapper, not the raw model
+    assert kernels["gptq_torch"] != kernels["gptq_torch_aten"], kernels
+    assert all(len(k) == 1 for k in kernels.values()), kernels

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from .models import gptq_loading_config, is_gptq
+from .models import is_gptq
 
 BUILTIN_TASK = "gsm8k"
 LOCAL_TASK = "gsm8k_local"
@@ -139,7 +139,6 @@ def resolve_dtype(model_path: str | Path, device: str, dtype: str = "auto") -> s
 
 
 def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", parallelize: bool = False,
-               device: str = "cpu",
                tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_gen_toks: int = 256,
                param: str = "model") -> dict[str, Any]:
     """The lm-eval model_args for a backend; refuses an unknown backend or a model folder that is absent."""
@@ -157,8 +156,6 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
         return {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
                 "data_parallel_size": int(data_parallel_size), "max_gen_toks": int(max_gen_toks)}
     args = {"pretrained": str(path), "dtype": dtype}
-    if is_gptq(path):  # the same GPTQModel kernel policy as utils.models.load_model
-        args["quantization_config"] = gptq_loading_config(path, device)
     if parallelize:
         args["parallelize"] = True  # HF naive pipeline over all visible GPUs (accelerate device_map)
     return args
@@ -170,10 +167,21 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
     import lm_eval.api.registry
 
     kwargs["dtype"] = resolve_dtype(model_path, device, kwargs.get("dtype", "auto"))
-    args = model_args(model_path, backend, param=param, device=device, **kwargs)
+    args = model_args(model_path, backend, param=param, **kwargs)
     extra = {"batch_size": batch_size, "max_batch_size": max_batch_size,
              "device": None if backend == "vllm" or args.get("parallelize") else device}
     try:
+        if backend == "hf" and is_gptq(args["pretrained"]) and not args.get("parallelize"):
+            # lm-eval passes the checkpoint's own quantization_config to from_pretrained, so the GPTQModel
+            # kernel cannot be chosen through model_args; load it with utils.models' kernel policy instead.
+            import torch
+            from lm_eval.models.huggingface import HFLM
+
+            from .models import load_model, load_tokenizer
+
+            model = load_model(args["pretrained"], device, getattr(torch, args["dtype"], None))
+            return HFLM(pretrained=model, tokenizer=load_tokenizer(args["pretrained"]), batch_size=batch_size,
+                        max_batch_size=max_batch_size)
         return lm_eval.api.registry.get_model(backend).create_from_arg_obj(args, extra)
     except Exception as exc:  # noqa: BLE001 - any load failure is the model parameter's problem
         raise EvalInputError(f"{param}: {model_path} does not load as a {backend} model "
