@@ -21,7 +21,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name(0))'
 runs=$(mktemp -d)
 status=0
-python3 -m ci.run --profile "$profile" --runs-dir "$runs" "$@" || status=$?
+# Stop the chain inside the tool's 10-minute limit so that what it made still comes back.
+timeout -k 15 --signal=INT "${CHAIN_TIMEOUT_S:-530}" \
+  python3 -m ci.run --profile "$profile" --runs-dir "$runs" "$@" || status=$?
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 tar -czf "$out/run.tar.gz" -C "$runs" .
 for r in "$runs"/*/; do cp "$r/report.md" "$out/report.md" 2>/dev/null || true; cat "$r/report.md" 2>/dev/null || true; done
