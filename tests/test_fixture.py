@@ -52,7 +52,7 @@ def test_committed_splits_are_the_generated_ones_and_disjoint(tmp_path):
 def test_read_jsonl_names_the_bad_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "no answer"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+    with pytest.raises(ValueError, match=r"bad.jsonl line 2 is not a GSM8K record"):
         gsm_synth.read_jsonl(p)
 
 

@@ -11,13 +11,13 @@ throughput (problems/s, generated tokens/s of the generation phase).
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .gsm_synth import read_jsonl
 from .models import is_gptq
 
 BUILTIN_TASK = "gsm8k"
@@ -54,20 +54,10 @@ def check_gsm8k_files(train: str | Path, test: str | Path, param: str = "gsm8k_d
         if path is None or not path.is_file():
             raise EvalInputError(f"{param}: the {split} file {path} does not exist; give a folder holding "
                                  "train.jsonl and test.jsonl in the openai/gsm8k layout")
-        n = 0
-        with path.open(encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    doc = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise EvalInputError(f"{param}: {path} line {i} is not JSON ({exc.msg})") from exc
-                if not (isinstance(doc, dict) and isinstance(doc.get("question"), str)
-                        and isinstance(doc.get("answer"), str) and "#### " in doc["answer"]):
-                    raise EvalInputError(f"{param}: {path} line {i} is not a GSM8K record: it needs "
-                                         "'question' and 'answer' strings, the answer ending in '#### N'")
-                n += 1
+        try:
+            n = len(read_jsonl(path))
+        except ValueError as exc:
+            raise EvalInputError(f"{param}: {exc}") from exc
         if n == 0:
             raise EvalInputError(f"{param}: {path} holds no problems")
         out[split] = path.resolve()

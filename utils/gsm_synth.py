@@ -193,7 +193,11 @@ def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """Read a GSM8K-layout jsonl file; a clear error names the file and line that is not a record."""
+    """Read a GSM8K-layout jsonl file (openai/gsm8k: 'question', 'answer' ending in '#### N').
+
+    Every line is checked, so a malformed file fails here, naming the file and line, not half-way
+    through a training run or an evaluation. Raises ValueError.
+    """
     out = []
     for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -201,9 +205,11 @@ def read_jsonl(path: str | Path) -> list[dict]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{i} is not JSON ({exc})") from exc
-        if not isinstance(rec, dict) or "question" not in rec or "answer" not in rec:
-            raise ValueError(f"{path}:{i} lacks 'question'/'answer' (GSM8K layout expected)")
+            raise ValueError(f"{path} line {i} is not JSON ({exc.msg})") from exc
+        if not (isinstance(rec, dict) and isinstance(rec.get("question"), str)
+                and isinstance(rec.get("answer"), str) and "#### " in rec["answer"]):
+            raise ValueError(f"{path} line {i} is not a GSM8K record: it needs 'question' and 'answer' "
+                             "strings, the answer ending in '#### N'")
         out.append(rec)
     return out
 

@@ -54,16 +54,19 @@ def _gpu_configs(keys):
 
 # ----------------------------------------------------------------------------------------- GEMM
 @triton.jit
+def _tile_of(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped ordering (Triton's matmul tutorial): GROUP_M row-tiles in a row share B's tiles in L2."""
+    group = GROUP_M * num_n
+    first_m = (pid // group) * GROUP_M
+    gsize = min(num_m - first_m, GROUP_M)
+    return first_m + ((pid % group) % gsize), (pid % group) // gsize
+
+
+@triton.jit
 def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, ACC_FP16: tl.constexpr):
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * num_n                      # grouped ordering: tiles sharing B stay in L2
-    first_m = (pid // group) * GROUP_M
-    gsize = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % group) % gsize)
-    pid_n = (pid % group) // gsize
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -153,11 +156,7 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:                      # programs past this group's tiles do nothing
-        group = GROUP_M * num_n
-        first_m = (pid // group) * GROUP_M
-        gsize = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + ((pid % group) % gsize)
-        pid_n = (pid % group) // gsize
+        pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
