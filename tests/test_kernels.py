@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from utils import kernels, metrics, roofline
+from utils import gptq, kernels, metrics, roofline
 
 
 @pytest.mark.parametrize("prec", ["ieee", "tf32", "tf32x3"])
@@ -60,12 +60,12 @@ def test_gptq_pack_dequant_hand_case():
     qw, qz, s = kernels.pack_gptq_int4(w, group_size=8)
     assert qw.shape == (1, 8) and qz.shape == (1, 1) and s.shape == (1, 8)
     assert s[0, 0].item() == pytest.approx(14 / 15, rel=1e-3)
-    q = kernels.unpack_int4(qw, 0)
+    q = gptq.unpack_int32(qw, 4, dim=0)
     assert q[:, 0].tolist() == [8, 9, 10, 11, 12, 13, 14, 15]          # round(i * 15/14) + 8
     assert q[0, 1].item() == 0                                          # -1 / (2/15) = -7.5 -> -8 (even)
-    assert kernels.unpack_int4(qz, 1)[0].tolist() == [7] * 8            # zero 8 stored minus one
-    assert torch.equal(kernels.unpack_int4(torch.tensor([[0x76543210]], dtype=torch.int32), 0)[:, 0],
-                       torch.arange(8, dtype=torch.int32))
+    assert gptq.unpack_int32(qz, 4, dim=1)[0].tolist() == [7] * 8            # zero 8 stored minus one
+    assert gptq.unpack_int32(torch.tensor([[0x76543210]], dtype=torch.int32), 4, dim=0)[:, 0].tolist() == \
+        list(range(8))
     wd = kernels.dequant_gptq_int4(qw, qz, s, 8)
     assert wd[:, 0].tolist() == pytest.approx([i * s[0, 0].item() for i in range(8)])
     # +max|w| = 7.5 s clips to code 15 (7 s): half a step, plus 8 steps' share of s's fp16 rounding
@@ -82,6 +82,8 @@ def test_int4_gemv_matches_dequant_reference(split_k, variant):
     y = kernels.int4_gemv(x, qw, qz, s, 128, split_k=split_k, variant=variant)
     assert y.dtype == torch.float16 and y.shape == (1, 96)
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
+    strided = qw.t().contiguous().t()                       # same values, column-major storage
+    assert torch.equal(kernels.int4_gemv(x, strided, qz, s, 128, split_k=split_k, variant=variant), y)
     with pytest.raises(ValueError, match="batch 1"):
         kernels.int4_gemv(torch.randn(2, 512).half(), qw, qz, s, 128)
 

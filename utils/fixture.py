@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from pathlib import Path
 
-from . import gsm_synth
+from . import generation, gsm_synth
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE_DIR = REPO / "fixtures" / "tiny-qwen2-gsm"
@@ -132,9 +131,6 @@ def train(out_dir: str | Path, steps: int = 2000, batch: int = 48, seq_len: int 
     return {"log": log, "seconds": round(time.time() - t0, 1), "parameters": model.num_parameters()}
 
 
-_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
-
-
 def quick_accuracy(model, tokenizer, records: list[dict], shots: list[dict], device: str,
                    batch: int = 64, max_new_tokens: int = 96) -> float:
     """A training-time check (greedy, 5-shot, strict '#### N'); the official number is lm-eval's (Lab 03)."""
@@ -145,14 +141,13 @@ def quick_accuracy(model, tokenizer, records: list[dict], shots: list[dict], dev
     right = 0
     for i in range(0, len(records), batch):
         chunk = records[i:i + batch]
-        enc = tokenizer([prefix + f"Question: {r['question']}\nAnswer:" for r in chunk],
+        enc = tokenizer([prefix + generation.prompt(r["question"]) for r in chunk],
                         return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
         for r, seq in zip(chunk, tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:])):
-            m = _STRICT.search(seq.split("Question:")[0])
-            right += bool(m) and m.group(1) == gsm_synth.final_answer(r["answer"])
+            right += generation.strict_answer(seq.split("Question:")[0]) == gsm_synth.final_answer(r["answer"])
     return right / len(records)
 
 

@@ -29,13 +29,17 @@ def prompt(question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
+def strict_answer(text: str) -> str | None:
+    """The number after '#### ' exactly as written (lm-eval gsm8k's strict-match regex), or None."""
+    m = _STRICT.search(text)
+    return m.group(1) if m else None
+
+
 def extract_answer(text: str) -> str | None:
     """The final answer: '#### N' if present (strict), else the last number (flexible); commas, $ and a
     trailing '.' dropped, as lm-eval's gsm8k filters do."""
-    m = _STRICT.search(text)
-    if m:
-        raw = m.group(1)
-    else:
+    raw = strict_answer(text)
+    if raw is None:
         nums = [a or b for a, b in _NUMBER.findall(text)]
         if not nums:
             return None

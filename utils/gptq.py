@@ -57,7 +57,7 @@ def pack_int32(codes: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor
     shifts = torch.arange(0, 32, bits, device=c.device, dtype=torch.int64)
     word = (c << shifts).sum(-1)                                   # 0 .. 2**32 - 1
     word = torch.where(word >= 2**31, word - 2**32, word)          # the same bits as a signed int32
-    return word.to(torch.int32).movedim(-1, dim)
+    return word.to(torch.int32).movedim(-1, dim).contiguous()          # row-major, as a checkpoint stores it
 
 
 def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:

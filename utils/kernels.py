@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import gptq
+
 INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
@@ -274,7 +276,7 @@ def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
     """Quantize w [K, N] (y = x @ w) to GPTQ v1 Int4, symmetric (the course's sym=True): per group of K
     and column, s = 2 max|w| / 15 and zero 8; returns (qweight int32 [K/8, N], qzeros int32 [K/g, N/8]
     holding zero - 1 = 7, scales fp16 [K/g, N]). Round-to-nearest here (GPTQ proper chooses the codes
-    with second-order information; the layout is the same)."""
+    with second-order information; the layout is the same, packed by utils.gptq.pack_int32)."""
     K, N = w.shape
     _check(K % group_size == 0 and group_size % 8 == 0 and N % 8 == 0,
            f"need K % group_size == 0, group_size % 8 == 0, N % 8 == 0; got K={K}, N={N}, group_size={group_size}")
@@ -283,33 +285,15 @@ def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
     s = scales.float()
     zeros = torch.full_like(s, 8, dtype=torch.int32)
     q = torch.clamp(torch.round(wg / s[:, None, :]) + 8, 0, 15).to(torch.int32).reshape(K, N)
-    shifts = (torch.arange(8, dtype=torch.int32) * 4)
-    qweight = (q.reshape(K // 8, 8, N) << shifts[None, :, None]).sum(1, dtype=torch.int64)
-    zm1 = (zeros - 1) & 0xF                         # v1 stores zero - 1 (as a nibble)
-    qzeros = (zm1.reshape(K // group_size, N // 8, 8) << shifts[None, None, :]).sum(2, dtype=torch.int64)
-    to_i32 = lambda t: (t & 0xFFFFFFFF).to(torch.int64).where(t < 2**31, t - 2**32).to(torch.int32)  # noqa: E731
-    return to_i32(qweight).to(w.device), to_i32(qzeros).to(w.device), scales.to(w.device)
-
-
-def unpack_int4(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """Eight 4-bit unsigned values from each int32, low nibble first, expanded along `dim`."""
-    shifts = torch.arange(8, device=packed.device, dtype=torch.int32) * 4
-    p = packed.unsqueeze(dim + 1 if dim >= 0 else dim)
-    shape = [1] * p.ndim
-    shape[dim + 1 if dim >= 0 else dim] = 8
-    vals = (p >> shifts.reshape(shape)) & 0xF
-    new = list(packed.shape)
-    new[dim] *= 8
-    return vals.reshape(new)
+    qweight = gptq.pack_int32(q, bits=4, dim=0)
+    qzeros = gptq.pack_int32((zeros - 1) & 0xF, bits=4, dim=1)   # v1 stores zero - 1 (as a nibble)
+    return qweight.to(w.device), qzeros.to(w.device), scales.to(w.device)
 
 
 def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
-    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout."""
-    q = unpack_int4(qweight, 0).float()                        # [K, N]
-    z = (unpack_int4(qzeros, 1) + 1).float()                   # [K/g, N]; v1: stored minus one
-    s = scales.float()
-    idx = torch.arange(q.shape[0], device=q.device) // group_size
-    return (q - z[idx]) * s[idx]
+    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout (utils.gptq's
+    unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
+    return gptq.dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()
 
 
 @triton.jit
@@ -401,6 +385,6 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
                                                       dtype=x.dtype if split_k == 1 else torch.float32)
     grid = (triton.cdiv(N, block_n), split_k)
     kernel = _int4_gemv_kernel if variant == "tile" else _int4_gemv_rows_kernel
-    kernel[grid](x.contiguous(), qweight, qzeros, scales, y, K, N, GROUP=group_size,
-                 BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
+    kernel[grid](x.contiguous(), qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), y, K, N,
+                 GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
     return y.to(x.dtype).reshape(1, N)
