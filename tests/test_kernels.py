@@ -72,20 +72,51 @@ def test_gptq_pack_dequant_hand_case():
     assert (wd - w).abs().max().item() <= s.float().max().item() * (0.5 + 8 * 2**-11)
 
 
-@pytest.mark.parametrize("split_k,variant", [(1, "tile"), (3, "tile"), (1, "rows"), (3, "rows")])
-def test_int4_gemv_matches_dequant_reference(split_k, variant):
+# The GEMV tests run where Triton runs: the CPU under TRITON_INTERPRET=1 (CI, f32 dequant) and the GPU
+# otherwise (scripts/device_bench.sh runs them there, f16x2 dequant and its fp32 fallback).
+GEMV_DEVICE = "cpu" if kernels.interpreted() else "cuda"
+
+
+@pytest.mark.parametrize("split_k", [1, 3, 4])
+def test_int4_gemv_matches_dequant_reference(split_k):
     torch.manual_seed(0)
     w = torch.randn(512, 96)
-    qw, qz, s = kernels.pack_gptq_int4(w, 128)
-    x = torch.randn(1, 512).half()
+    qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
+    x = torch.randn(1, 512).half().to(GEMV_DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
-    y = kernels.int4_gemv(x, qw, qz, s, 128, split_k=split_k, variant=variant)
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k)
     assert y.dtype == torch.float16 and y.shape == (1, 96)
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
     strided = qw.t().contiguous().t()                       # same values, column-major storage
-    assert torch.equal(kernels.int4_gemv(x, strided, qz, s, 128, split_k=split_k, variant=variant), y)
+    assert torch.equal(kernels.int4_gemv(x, strided, qz, s, 128, block_n=32, split_k=split_k), y)
+    # the split-K fix-up sums the partials in a fixed order and leaves its counters at zero, so a
+    # second call gives the same bits (fp32 atomics would not promise that)
+    assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)
+    assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
     with pytest.raises(ValueError, match="batch 1"):
-        kernels.int4_gemv(torch.randn(2, 512).half(), qw, qz, s, 128)
+        kernels.int4_gemv(torch.randn(2, 512).half().to(GEMV_DEVICE), qw, qz, s, 128)
+    if GEMV_DEVICE == "cpu":
+        with pytest.raises(ValueError, match="f16x2"):
+            kernels.int4_gemv(x, qw, qz, s, 128, dequant="f16x2")   # no inline PTX in the interpreter
+    else:
+        assert kernels.int4_gemv_dequant(x) == "f16x2"
+        exact = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k, dequant="f32")
+        assert metrics.relative_l2(exact, ref) <= metrics.matmul_error_bound(torch.float16, 512)
+
+
+def test_int4_gemv_stays_right_where_fp16_products_overflow():
+    """|x| ~ 4000 with small weights: y fits fp16, but 4 x 15 x |x| does not, so the f16x2 dequant
+    (the GPU default) overflows and must redo the block in fp32. On the CPU the f32 dequant runs and
+    this checks the reference path; scripts/device_probes.sh runs this file on the GPU."""
+    torch.manual_seed(1)
+    w = torch.randn(256, 64) * 1e-3
+    qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
+    x = (torch.randn(1, 256) * 4000).half().to(GEMV_DEVICE)
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    assert (4 * 15 * x.float().abs().max()) > 65504        # the premise: fp16 products would overflow
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
+    assert torch.isfinite(y).all()
+    assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
 
 
 def test_roofline_bytes_and_bounds():

@@ -182,6 +182,56 @@ _grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"],
                                  prune_configs_by={"early_config_prune": _fits_shared_memory})(_grouped_kernel)
 
 
+@triton.jit
+def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROWS,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+    """The grouped GEMM with A and B read through TMA descriptors (Hopper's bulk tensor copy engine).
+    A tile may read rows past its group's end (the next group's, or TMA's zero fill): they are never
+    stored. B is viewed as [G*K, N], so K must be a multiple of BLOCK_K (the wrapper checks)."""
+    g = tl.program_id(1)
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    Mg = tl.load(offs_ptr + g) - start
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    if pid < num_m * num_n:
+        pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([start + pid_m * BLOCK_M, k])
+            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rm < Mg)[:, None] & (rn < N)[None, :]
+        tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+def _tma_block_shapes(nargs):
+    """Autotune pre-hook: each config's tile is the descriptors' block shape."""
+    nargs["a_desc"].block_shape = [nargs["BLOCK_M"], nargs["BLOCK_K"]]
+    nargs["b_desc"].block_shape = [nargs["BLOCK_K"], nargs["BLOCK_N"]]
+
+
+# Measured on the H100 (scripts/grouped_probe.py): 128x256x64 won at 8 x 512 and 8 x 2048 rows.
+_grouped_tma_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8}, num_stages=st,
+                           num_warps=w, pre_hook=_tma_block_shapes)
+             for bm, bn, st, w in [(128, 256, 3, 8), (128, 256, 4, 8), (256, 128, 4, 8), (128, 128, 4, 4)]],
+    key=["N", "K", "MAX_ROWS"])(_grouped_tma_kernel)
+
+
+def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """TMA path: an NVIDIA GPU of compute capability 9+, 16-bit data, K a multiple of 64, 16-byte rows."""
+    if interpreted() or a.device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if torch.cuda.get_device_capability(a.device)[0] < 9 or a.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    K, N = b.shape[1], b.shape[2]
+    return (a.shape[0] > 0 and K % 64 == 0 and N % 8 == 0 and a.is_contiguous() and b.is_contiguous()
+            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+
+
 def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
     """int32 end offsets of groups of `sizes` rows laid one after another (torch._grouped_mm's offs)."""
     _check(all(int(s) >= 0 for s in sizes) and len(sizes) > 0, f"group sizes must be >= 0, got {sizes}")
@@ -189,11 +239,13 @@ def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
 
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int | None = None,
-                   config: dict | None = None) -> torch.Tensor:
+                   config: dict | None = None, tma: bool = True) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g] for every group g, in one launch.
 
     a: [sum M_g, K]; b: [G, K, N]; offs: int32 [G] cumulative row ends. max_rows (the largest
-    group) sizes the grid; given, it saves reading offs back to the host.
+    group) sizes the grid; given, it saves reading offs back to the host. On Hopper-class GPUs (and 16-bit
+    data, K % 64 == 0) A and B are read through TMA descriptors unless tma=False; elsewhere, and with a
+    fixed config, through pointers.
     """
     _check(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
            f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -217,6 +269,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
         kw = {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
         grid = (triton.cdiv(max(max_rows, 1), cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), G)
         _grouped_kernel[grid](*args, **cfg, **kw)
+    elif tma and _tma_ok(a, b):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a_desc = TensorDescriptor.from_tensor(a, [128, 64])          # block shapes set per config
+        b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [64, 128])
+        grid = lambda m: (triton.cdiv(max(max_rows, 1), m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]), G)  # noqa: E731
+        _grouped_tma_tuned[grid](a_desc, b_desc, c, offs, N, K, c.stride(0), c.stride(1), max_rows)
     else:
         grid = lambda m: (triton.cdiv(max(max_rows, 1), m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]), G)  # noqa: E731
         _grouped_tuned[grid](*args)
@@ -296,95 +354,229 @@ def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.T
     return gptq.dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()
 
 
-@triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, K, N,
-                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < N
-    r8 = tl.arange(0, GROUP // 8)                # the packed rows of one quantization group
-    acc = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)   # reduced over rows once, at the end
-    for g in range(pid_k, K // GROUP, SPLIT_K):  # one group per step
-        q = tl.load(qw_ptr + (g * (GROUP // 8) + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0)
-        qh = q >> 16                             # nibbles 4..7 moved to bits 0..15
-        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
-        z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
-        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-        xg = x_ptr + g * GROUP + r8 * 8
-        part = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-        for j in tl.static_range(4):
-            # nibble j kept in place: (q & 0xF<<4j) | bits of 2^23, read as fp32, is exactly 2^23 + n 2^4j
-            # (no shift, no slow int->float); the 2^4j goes into x instead
-            m = 0xF << (4 * j)
-            w0 = ((q & m) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            w1 = ((qh & m) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            x0 = tl.load(xg + j).to(tl.float32) * (1.0 / (1 << (4 * j)))
-            x1 = tl.load(xg + j + 4).to(tl.float32) * (1.0 / (1 << (4 * j)))
-            part += w0 * x0[:, None] + w1 * x1[:, None]
-        xs = tl.sum(tl.load(x_ptr + g * GROUP + tl.arange(0, GROUP)).to(tl.float32), axis=0)
-        acc += (part - (z * xs)[None, :] / (GROUP // 8)) * s[None, :]   # zero point: z * sum_k x_k
-    y = tl.sum(acc, axis=0)
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
-    else:
-        tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
+# fp16x2 dot of one packed int32 (8 nibbles) with 8 activations, in Marlin's manner: (q >> 4j) & 0x000F000F
+# | 0x64006400 is two fp16 numbers 1024 + n (nibbles j and j+4), minus 1024 + z gives n - z exactly; two
+# weights per instruction, products and 4-term sums in fp16, then one fp32 sum. $1 = q, $2 = 1024 + z as
+# fp16x2, $3..$6 = (x[j], x[j+4]) as fp16x2 for j = 0..3; $0 = the fp32 result's bits.
+_F16X2_DOT8 = tl.constexpr("""
+{
+.reg .b32 t, h, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi, fs;
+lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+mul.rn.f16x2 a, h, $3;
+shr.u32 t, $1, 4;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $4, a;
+shr.u32 t, $1, 8;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $5, a;
+shr.u32 t, $1, 12;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $6, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 fs, flo, fhi;
+mov.b32 $0, fs;
+}
+""")
 
 
 @triton.jit
-def _int4_gemv_rows_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, K, N,
-                           GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-    """The other layout: each thread owns columns and walks down K itself, so x is a scalar (the same
-    for every thread) and nothing is reduced across threads."""
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = rn < N
+def _group_dot_f32(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
+    """sum over one group's rows of (q - z) * x, per column, exactly dequantized in fp32: nibble j kept in
+    place, (q & 0xF<<4j) | bits of 2^23 read as fp32 is 2^23 + n 2^4j, and minus 2^23 + z 2^4j it is
+    (n - z) 2^4j exactly (no shift, no int->float); the 2^4j goes into x instead. Returns [GROUP/8, BLOCK_N]."""
+    xg = x_ptr + g * GROUP + r8 * 8
+    qh = q >> 16                                  # nibbles 4..7 moved to bits 0..15
+    part = tl.zeros(q.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        m = 0xF << (4 * j)
+        zj = ((z << (4 * j)) | 0x4B000000).to(tl.float32, bitcast=True)[None, :]
+        x0 = tl.load(xg + j).to(tl.float32) * (1.0 / (1 << (4 * j)))
+        x1 = tl.load(xg + j + 4).to(tl.float32) * (1.0 / (1 << (4 * j)))
+        part += (((q & m) | 0x4B000000).to(tl.float32, bitcast=True) - zj) * x0[:, None]
+        part += (((qh & m) | 0x4B000000).to(tl.float32, bitcast=True) - zj) * x1[:, None]
+    return part
+
+
+@triton.jit
+def _group_dot_f16x2(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
+    """The same sum with two weights per instruction (_F16X2_DOT8); x must be fp16. Returns [GROUP/8, BLOCK_N]."""
+    x32 = x_ptr.to(tl.pointer_type(tl.int32)) + g * (GROUP // 2) + r8 * 4    # x as pairs of halves
+    x01 = tl.load(x32)
+    x23 = tl.load(x32 + 1)
+    x45 = tl.load(x32 + 2)
+    x67 = tl.load(x32 + 3)
+    hi = -65536                                   # 0xFFFF0000
+    zz = ((0x6400 + z) << 16) | (0x6400 + z)      # 1024 + z in both halves
+    return tl.inline_asm_elementwise(
+        _F16X2_DOT8, "=r,r,r,r,r,r,r",
+        [q, zz[None, :], ((x01 & 0xFFFF) | (x45 << 16))[:, None], (((x01 >> 16) & 0xFFFF) | (x45 & hi))[:, None],
+         ((x23 & 0xFFFF) | (x67 << 16))[:, None], (((x23 >> 16) & 0xFFFF) | (x67 & hi))[:, None]],
+        dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
+                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr):
+    """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last."""
+    R: tl.constexpr = GROUP // 8
+    r8 = tl.arange(0, R)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for g in range(pid_k, K // GROUP, SPLIT_K):
+    for g in range(first, last, step):
+        q = tl.load(qw_ptr + (g * R + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                    eviction_policy="evict_first")            # read once: keep x and the partials in L2
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        if F16X2:
+            part = _group_dot_f16x2(q, z, x_ptr, g, r8, GROUP)
+        else:
+            part = _group_dot_f32(q, z, x_ptr, g, r8, GROUP)
+        acc += tl.sum(part, axis=0) * s
+    return acc
+
+
+@triton.jit
+def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Slow, exact and light on registers: one packed row at a time (the f16x2 path's fallback)."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for g in range(0, ng):
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
         z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
-        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
         part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        xs = 0.0
-        for r in tl.static_range(GROUP // 8):
+        for r in range(0, GROUP // 8):
             q = tl.load(qw_ptr + (g * (GROUP // 8) + r) * N + rn, mask=nmask, other=0)
             for j in tl.static_range(8):
                 xk = tl.load(x_ptr + g * GROUP + r * 8 + j).to(tl.float32)
-                w = (((q >> (4 * j)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-                part += w * xk
-                xs += xk
-        acc += (part - z * xs) * s
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=nmask)
-    else:
-        tl.atomic_add(y_ptr + rn, acc, mask=nmask, sem="relaxed")
+                part += (((q >> (4 * j)) & 0xF).to(tl.float32) - z) * xk
+        acc += part * tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                      F16X2: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    ng = K // GROUP
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2)
+    last = True
+    if SPLIT_K > 1:
+        # split-K fix-up in the same kernel: partials to a workspace; the last program of this column
+        # block sums them in a fixed order (the same bits every run, unlike fp32 atomics)
+        tl.store(part_ptr + pid_k * N + rn, y, mask=nmask)
+        tl.debug_barrier()                        # every thread's partial is written ...
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")      # ... before this release
+        last = arrived == SPLIT_K - 1
+        if last:
+            # SPLIT_K is a constant, so these loads are unrolled and in flight together: this sum is the
+            # kernel's tail, and a loop of dependent L2 round trips here cost 2-7 us on the H100
+            y = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k in range(0, SPLIT_K):
+                y += tl.load(part_ptr + k * N + rn, mask=nmask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(lock_ptr + pid_n, 0)   # ready for the next call
+    if last:
+        if F16X2:
+            # fp16 products overflow when |x| passes ~1000 (4 x 15 x |x| > 65504): the sum is then
+            # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
+            bad = tl.sum(((y - y) != 0).to(tl.int32), axis=0)          # inf - inf and NaN - NaN are NaN
+            if bad > 0:
+                y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP, BLOCK_N)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+# (block_n, num_warps, groups per program): block_n = 128 x num_warps gives each thread all rows of its
+# 4 columns (16-byte loads, a thread-local sum over rows). Measured on the H100 (scripts/gemv_probe.py):
+# 2 groups per program was best at K=3584, 4 at K=18944; split-K past ~60 fell off a cliff.
+_GEMV_CONFIGS = [(128, 1, 2), (128, 1, 4), (256, 2, 2), (256, 2, 3), (256, 2, 4), (512, 4, 2), (512, 4, 4)]
+_GEMV_LOCKS: dict = {}
+
+
+def _gemv_split(ng: int, groups_per_program: int) -> int:
+    """split-K for a K of ng groups: programs of ~groups_per_program groups, at most 64 of them."""
+    return triton.cdiv(ng, max(groups_per_program, triton.cdiv(ng, 64)))
+
+
+def _gemv_prune(configs, named_args, **kwargs):
+    """Turn (block_n, warps, groups per program) into this shape's constant SPLIT_K, without duplicates."""
+    ng = named_args["K"] // kwargs.get("GROUP", 128)
+    seen, out = set(), []
+    for c in configs:
+        key = (c.kwargs["BLOCK_N"], c.num_warps, _gemv_split(ng, c.kwargs["GROUPS_PER_PROGRAM"]))
+        if key not in seen:
+            seen.add(key)
+            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2]}, num_warps=key[1], num_stages=1))
+    return out
+
+
+_int4_gemv_tuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp}, num_warps=w, num_stages=1)
+             for b, w, gpp in _GEMV_CONFIGS],
+    key=["K", "N", "GROUP", "F16X2"], use_cuda_graph=True,
+    prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
+
+
+def _gemv_locks(device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters for the split-K fix-up, made once per device (each call leaves them at 0)."""
+    key = str(device)
+    if key not in _GEMV_LOCKS or _GEMV_LOCKS[key].numel() < n:
+        _GEMV_LOCKS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return _GEMV_LOCKS[key]
+
+
+def int4_gemv_dequant(x: torch.Tensor) -> str:
+    """Which dequant int4_gemv runs for x: "f16x2" (two weights per instruction, inline PTX, fp16 x on an
+    NVIDIA GPU) or "f32" (exact fp32 dequant: the interpreter, ROCm, bf16/fp32 activations)."""
+    nvidia = x.device.type == "cuda" and torch.version.hip is None and not interpreted()
+    return "f16x2" if nvidia and x.dtype == torch.float16 else "f32"
 
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              num_stages: int = 3, variant: str = "tile") -> torch.Tensor:
+              dequant: str | None = None) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
-    Accumulates in fp32 (split over K with fp32 atomics when split_k > 1) and returns x's dtype: per
-    group and column, (sum_k q x_k - z sum_k x_k) times the group's scale. variant "tile" works on
-    [packed rows of a group, block_n] tiles; "rows" lets each thread walk down K for its columns.
+    Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
+    with a deterministic in-kernel fix-up. dequant "f32" is exact; "f16x2" (the default for fp16 x on
+    NVIDIA, int4_gemv_dequant) rounds each product and 4-term sum to fp16, about 2^-11 relative, and
+    redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
+    None are autotuned per shape; give block_n and split_k to fix them.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
-    _check(variant in ("tile", "rows"), f"variant must be 'tile' or 'rows', got {variant!r}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     _check(x.shape[1] == K, f"x has K={x.shape[1]} but qweight packs K={K}")
     _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
            "qweight and qzeros must be int32 (GPTQ packing)")
-    _check(K % group_size == 0 and scales.shape == (K // group_size, N),
+    _check(K % group_size == 0 and group_size % 8 == 0 and scales.shape == (K // group_size, N),
            f"scales must be [K/group_size, N] = {(K // group_size, N)}, got {tuple(scales.shape)}")
-    if block_n is None:
-        block_n = 32 if interpreted() else 256
-    if split_k is None:
-        sms = 1 if interpreted() else torch.cuda.get_device_properties(x.device).multi_processor_count
-        split_k = max(1, min(K // group_size, (8 * sms) // max(1, triton.cdiv(N, block_n))))
-    y = (torch.empty if split_k == 1 else torch.zeros)((N,), device=x.device,
-                                                      dtype=x.dtype if split_k == 1 else torch.float32)
-    grid = (triton.cdiv(N, block_n), split_k)
-    kernel = _int4_gemv_kernel if variant == "tile" else _int4_gemv_rows_kernel
-    kernel[grid](x.contiguous(), qweight.contiguous(), qzeros.contiguous(), scales.contiguous(), y, K, N,
-                 GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=num_warps, num_stages=num_stages)
-    return y.to(x.dtype).reshape(1, N)
+    _check(N % 8 == 0 and qzeros.shape == (K // group_size, N // 8),
+           f"qzeros must be [K/group_size, N/8] = {(K // group_size, N // 8)}, got {tuple(qzeros.shape)}")
+    auto = int4_gemv_dequant(x)
+    dequant = dequant or auto
+    _check(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
+           f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
+    x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    ng = K // group_size
+    locks = _gemv_locks(x.device, triton.cdiv(N, 128))
+    work = torch.empty((ng, N), device=x.device, dtype=torch.float32)   # split-K partials (no fill needed)
+    args = (x, qweight, qzeros, scales, y, work, locks, K, N)
+    if interpreted() or block_n is not None or split_k is not None:
+        block_n = block_n or (32 if interpreted() else 256)
+        split_k = max(1, min(split_k or 1, ng))
+        _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
+            *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
+            num_warps=num_warps, num_stages=1)
+    else:
+        grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
+        _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
+    return y.reshape(1, N)

@@ -1,0 +1,284 @@
+"""Int4 GEMV experiments for issue 8 (a bench, not a test): which change moves the kernel toward the
+memory floor. Every variant is checked against the fp32 dequant reference before it is timed.
+
+    python scripts/gemv_probe.py                  # table of variants at Qwen2.5-7B's MLP shapes (GPU)
+    python scripts/gemv_probe.py --check-only     # CPU: TRITON_INTERPRET=1, small shape, no asm variant
+    python scripts/gemv_probe.py --ncu NAME       # run one variant a few times (for ncu -k regex:probe)
+
+Knobs of the one experimental kernel below (utils.kernels keeps what wins):
+  ZFOLD   the zero point goes into the magic-number subtraction (w = (2^23 + n 2^4j) - (2^23 + z 2^4j)),
+          so no sum of x and no cross-thread reduction per group
+  PREFETCH the next group's codes, zeros and scales are loaded before this group is computed
+  FIXUP   split-K partials go to a workspace and the last program of a column block sums them in a
+          fixed order (one kernel, deterministic) instead of fp32 atomics + zero-fill + cast
+  F16X2   dequantize two nibbles per instruction with the fp16 magic number 0x6400 (1024 + n) in
+          inline PTX, products and 4-term sums in fp16x2, then fp32
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from utils import kernels, metrics  # noqa: E402
+
+_F16X2_DOT8 = tl.constexpr("""
+{
+.reg .b32 t, h, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi, fs;
+lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+mul.rn.f16x2 a, h, $3;
+shr.u32 t, $1, 4;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $4, a;
+shr.u32 t, $1, 8;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $5, a;
+shr.u32 t, $1, 12;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $6, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 fs, flo, fhi;
+mov.b32 $0, fs;
+}
+""")
+
+
+@triton.jit
+def _load_group(qw_ptr, qz_ptr, s_ptr, g, rn, r8, N, NG, nmask, R: tl.constexpr):
+    m = nmask & ((rn * 0 + g) < NG)
+    q = tl.load(qw_ptr + (g * R + r8)[:, None] * N + rn[None, :], mask=m[None, :], other=0,
+                eviction_policy="evict_first")
+    zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=m, other=0)
+    s = tl.load(s_ptr + g * N + rn, mask=m, other=0.0)
+    return q, zp, s
+
+
+@triton.jit
+def _xpairs(x32, base):
+    """fp16x2 registers (x[8r+j], x[8r+j+4]) for j = 0..3, from four int32 loads of x (pairs of halves)."""
+    x01 = tl.load(x32 + base)
+    x23 = tl.load(x32 + base + 1)
+    x45 = tl.load(x32 + base + 2)
+    x67 = tl.load(x32 + base + 3)
+    hi = -65536                                          # 0xFFFF0000
+    p0 = (x01 & 0xFFFF) | (x45 << 16)
+    p1 = ((x01 >> 16) & 0xFFFF) | (x45 & hi)
+    p2 = (x23 & 0xFFFF) | (x67 << 16)
+    p3 = ((x23 >> 16) & 0xFFFF) | (x67 & hi)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _probe_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                       ZFOLD: tl.constexpr, PREFETCH: tl.constexpr, FIXUP: tl.constexpr,
+                       F16X2: tl.constexpr, FIX_UNROLL: tl.constexpr = False):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    R: tl.constexpr = GROUP // 8
+    NG = K // GROUP
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    r8 = tl.arange(0, R)
+    zshift = (rn % 8) * 4
+    x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if PREFETCH:
+        q, zp, s16 = _load_group(qw_ptr, qz_ptr, s_ptr, pid_k, rn, r8, N, NG, nmask, R)
+    for g in range(pid_k, NG, SPLIT_K):
+        if PREFETCH:
+            qn, zpn, sn = _load_group(qw_ptr, qz_ptr, s_ptr, g + SPLIT_K, rn, r8, N, NG, nmask, R)
+        else:
+            q, zp, s16 = _load_group(qw_ptr, qz_ptr, s_ptr, g, rn, r8, N, NG, nmask, R)
+        z = ((zp >> zshift) & 0xF) + 1
+        s = s16.to(tl.float32)
+        if F16X2:
+            zz = ((0x6400 + z) << 16) | (0x6400 + z)
+            p0, p1, p2, p3 = _xpairs(x32, g * (GROUP // 2) + r8 * 4)
+            part = tl.inline_asm_elementwise(
+                _F16X2_DOT8, "=r,r,r,r,r,r,r",
+                [q, zz[None, :], p0[:, None], p1[:, None], p2[:, None], p3[:, None]],
+                dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
+        else:
+            xg = x_ptr + g * GROUP + r8 * 8
+            qh = q >> 16
+            part = tl.zeros((R, BLOCK_N), dtype=tl.float32)
+            for j in tl.static_range(4):
+                m = 0xF << (4 * j)
+                x0 = tl.load(xg + j).to(tl.float32) * (1.0 / (1 << (4 * j)))
+                x1 = tl.load(xg + j + 4).to(tl.float32) * (1.0 / (1 << (4 * j)))
+                if ZFOLD:
+                    zj = ((z << (4 * j)) | 0x4B000000).to(tl.float32, bitcast=True)[None, :]
+                else:
+                    zj = 8388608.0
+                w0 = ((q & m) | 0x4B000000).to(tl.float32, bitcast=True) - zj
+                w1 = ((qh & m) | 0x4B000000).to(tl.float32, bitcast=True) - zj
+                part += w0 * x0[:, None]                 # two statements: two FFMAs, no FMUL + FADD
+                part += w1 * x1[:, None]
+            if not ZFOLD:
+                xs = tl.sum(tl.load(x_ptr + g * GROUP + tl.arange(0, GROUP)).to(tl.float32), axis=0)
+                part -= (z.to(tl.float32) * xs)[None, :] / R
+        acc += tl.sum(part, axis=0) * s
+        if PREFETCH:
+            q, zp, s16 = qn, zpn, sn
+    y = acc
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+    elif FIXUP:
+        tl.store(part_ptr + pid_k * N + rn, y, mask=nmask)
+        tl.debug_barrier()                                  # every thread's partial is written ...
+        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")   # ... before this release
+        if arrived == SPLIT_K - 1:                          # the last program of this column block
+            tot = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            if FIX_UNROLL:                                  # independent loads, issued together
+                for k in tl.static_range(SPLIT_K):
+                    tot += tl.load(part_ptr + k * N + rn, mask=nmask, other=0.0, cache_modifier=".cg")
+            else:
+                for k in range(SPLIT_K):                    # fixed order: the same bits every run
+                    tot += tl.load(part_ptr + k * N + rn, mask=nmask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + rn, tot.to(y_ptr.dtype.element_ty), mask=nmask)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)              # ready for the next call
+    else:
+        tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
+
+
+_LOCKS: dict = {}
+
+
+def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, fixup=True, f16x2=False,
+               num_warps=4, num_stages=1, group_size=128, fix_unroll=False):
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    nb = triton.cdiv(N, block_n)
+    key = (x.device, nb)
+    if key not in _LOCKS:
+        _LOCKS[key] = torch.zeros(nb, dtype=torch.int32, device=x.device)
+    locks = _LOCKS[key]
+    atomics = split_k > 1 and not fixup
+    y = torch.zeros(N, device=x.device, dtype=torch.float32) if atomics else torch.empty(N, device=x.device, dtype=x.dtype)
+    part = torch.empty((split_k, N) if fixup and split_k > 1 else (1,), device=x.device, dtype=torch.float32)
+    _probe_gemv_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, GROUP=group_size, BLOCK_N=block_n,
+                                      SPLIT_K=split_k, ZFOLD=zfold, PREFETCH=prefetch, FIXUP=fixup, F16X2=f16x2,
+                                      FIX_UNROLL=fix_unroll,
+                                      num_warps=num_warps, num_stages=num_stages)
+    return y.to(x.dtype).reshape(1, N)
+
+
+def variants(gpu: bool):
+    """name -> kwargs. Round 1 (H100): f16x2 without prefetch won, prefetch and f32 lost; round 2 asks
+    whether the fix-up's serial loads of the partials cost time at large split_k."""
+    v = {"f32 zfold fixup": dict(zfold=True, prefetch=False, fixup=True),
+         "f32 zfold fixup unrolled": dict(zfold=True, prefetch=False, fixup=True, fix_unroll=True)}
+    if gpu:
+        v = {"f16x2 fixup": dict(f16x2=True, prefetch=False, fixup=True),
+             "f16x2 fixup unrolled": dict(f16x2=True, prefetch=False, fixup=True, fix_unroll=True)}
+    return v
+
+
+LAYOUTS = ((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4))     # (block_n, num_warps)
+PROGRAMS = (528, 792, 1056, 1584, 2112)                                    # 4 to 16 per H100 SM
+
+
+def shape_setup(K, N, device):
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(K, N, generator=gen) * 0.02
+    qw, qz, s = (t.to(device) for t in kernels.pack_gptq_int4(w, 128))
+    wd = kernels.dequant_gptq_int4(qw, qz, s, 128)
+    return qw, qz, s, wd
+
+
+def check(fn, qw, qz, s, wd, K, device, what):
+    for seed in (1, 2):   # fresh x each time; a second call also checks the locks were reset
+        x = torch.randn(1, K, generator=torch.Generator().manual_seed(seed)).half().to(device)
+        err = metrics.relative_l2(fn(x), x.float() @ wd)
+        bound = metrics.matmul_error_bound(torch.float16, K)
+        if not err <= bound:
+            raise AssertionError(f"{what}: relative L2 {err:.3g} > {bound:.3g}")
+    return err
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check-only", action="store_true")
+    ap.add_argument("--ncu", default=None, help="variant name to run 20 times (profile with ncu)")
+    args = ap.parse_args()
+    gpu = torch.cuda.is_available() and not kernels.interpreted()
+    device = "cuda" if gpu else "cpu"
+    if args.check_only or not gpu:
+        K, N = 512, 256
+        qw, qz, s, wd = shape_setup(K, N, device)
+        for name, kw in variants(gpu).items():
+            for sk in (1, 3):
+                err = check(lambda x: probe_gemv(x, qw, qz, s, block_n=64, split_k=sk, **kw), qw, qz, s, wd, K,
+                            device, name)
+                print(f"ok {name} split_k={sk}: rel L2 {err:.2e}")
+        return
+    import json
+    from utils import roofline
+    from utils.ceilings import copy_bandwidth
+    out = Path(os.environ.get("OUT", "/tmp"))
+    shapes = ((3584, 18944), (18944, 3584))
+    if args.ncu:
+        for (K, N), cfg in zip(shapes, json.loads(Path(args.ncu).read_text())):
+            qw, qz, s, wd = shape_setup(K, N, device)
+            x = torch.randn(1, K, device=device, dtype=torch.float16)
+            kernels.int4_gemv(x, qw, qz, s, 128)          # the shipped kernel, for comparison
+            probe_gemv(x, qw, qz, s, **cfg)
+        torch.cuda.synchronize()
+        return
+    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
+    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    rows, best_cfgs = [], []
+    for K, N in shapes:
+        qw, qz, s, wd = shape_setup(K, N, device)
+        x = torch.randn(1, K, device=device, dtype=torch.float16)
+        qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
+        w_bf16 = wd.t().contiguous().to(torch.bfloat16)
+        xb = x.to(torch.bfloat16)
+        t_bf = roofline.time_kernel(lambda: torch.nn.functional.linear(xb, w_bf16), "cuda")
+        t_ship = roofline.time_kernel(lambda: kernels.int4_gemv(x, qw, qz, s, 128), "cuda")
+        rows.append((K, N, "shipped int4_gemv (default)", t_ship, qbytes, t_bf, None))
+        print(f"{K}->{N}: bf16 {t_bf * 1e6:.1f} us, shipped {t_ship * 1e6:.1f} us", flush=True)
+        best = None
+        for name, kw in variants(gpu).items():
+            for bn, nw in LAYOUTS:
+                nb = triton.cdiv(N, bn)
+                for sk in sorted({max(1, min(K // 128, round(p / nb))) for p in PROGRAMS}):
+                    cfg = dict(kw, block_n=bn, split_k=sk, num_warps=nw)
+                    what = f"{name} bn={bn} w={nw} sk={sk}"
+                    try:
+                        check(lambda x: probe_gemv(x, qw, qz, s, **cfg), qw, qz, s, wd, K, device, what)
+                        t = roofline.time_kernel(lambda: probe_gemv(x, qw, qz, s, **cfg), "cuda")
+                    except Exception as exc:  # noqa: BLE001 - a failing variant is reported, not fatal
+                        print(f"  {what}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        continue
+                    rows.append((K, N, what, t, qbytes, t_bf, cfg))
+                    if best is None or t < best[0]:
+                        best = (t, cfg)
+                    print(f"  {what}: {t * 1e6:.1f} us  {qbytes / t / 1e9:.0f} GB/s  {t_bf / t:.2f}x bf16", flush=True)
+        best_cfgs.append(best[1])
+    (out / "gemv_best.json").write_text(json.dumps(best_cfgs))
+    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
+    for K, N, what, t, qb, tb, _ in sorted(rows, key=lambda r: (r[0], r[3])):
+        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy:.0%} | {tb / t:.2f} |")
+    (out / "gemv_probe.md").write_text("\n".join(lines) + "\n")
+    for K, N in shapes:   # the shipped kernel and the six fastest variants of each shape
+        mine = [ln for ln in lines[2:] if ln.startswith(f"| {K}->{N} ")]
+        print("\n".join(lines[:2] + [ln for ln in mine if "shipped" in ln] + mine[:6]))
+
+
+if __name__ == "__main__":
+    main()
