@@ -526,9 +526,15 @@ _int4_gemv_tuned = triton.autotune(
 
 
 def _gemv_locks(device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the split-K fix-up, made once per device (each call leaves them at 0)."""
+    """Zeroed int32 counters for the split-K fix-up, made once per device; each call leaves them at 0.
+    Shared by every stream of the device: int4_gemv calls must not run concurrently on two streams
+    (a CUDA graph replays on its own capture stream, one call after another, which is fine)."""
+    device = torch.device(device)
     key = str(device)
     if key not in _GEMV_LOCKS or _GEMV_LOCKS[key].numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int4_gemv: call it once before capturing a CUDA graph (its split-K "
+                               "counters, and its autotuning, must be made outside the graph)")
         _GEMV_LOCKS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
     return _GEMV_LOCKS[key]
 
@@ -549,7 +555,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     with a deterministic in-kernel fix-up. dequant "f32" is exact; "f16x2" (the default for fp16 x on
     NVIDIA, int4_gemv_dequant) rounds each product and 4-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
-    None are autotuned per shape; give block_n and split_k to fix them.
+    None are autotuned per shape; give block_n and split_k to fix them. Call it once (per shape) before
+    capturing it in a CUDA graph: autotuning and the fix-up counters happen outside the graph.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
