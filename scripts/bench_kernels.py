@@ -65,34 +65,6 @@ def gemm_rows(n, sweep):
     return rows
 
 
-def grouped_rows(shapes):
-    rows = []
-    for G, m, K, N in shapes:
-        dt = torch.bfloat16
-        sizes = [m] * G
-        a = torch.randn(G * m, K, device="cuda", dtype=dt)
-        b = torch.randn(G, K, N, device="cuda", dtype=dt)
-        offs = kernels.group_offsets(sizes, "cuda")
-        ref = kernels.grouped_matmul_loop(a, b, sizes)
-        check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, dt, K, "grouped GEMM")
-        t_loop = bench(lambda: kernels.grouped_matmul_loop(a, b, sizes))
-        t_ours = bench(lambda: kernels.grouped_matmul(a, b, offs, max_rows=m))
-        flop = 2 * G * m * K * N
-        note = ""
-        try:
-            bt = b.transpose(1, 2).contiguous().transpose(1, 2)   # _grouped_mm wants B column-major
-            check(torch._grouped_mm(a, bt, offs=offs), ref, dt, K, "torch._grouped_mm")
-            t_g = bench(lambda: torch._grouped_mm(a, bt, offs=offs))
-            note = f"torch._grouped_mm {flop / (t_g * 1e-3) / 1e12:.0f} TFLOP/s (ours {t_g / t_ours:.2f}x it)"
-        except Exception as exc:  # noqa: BLE001
-            note = f"torch._grouped_mm did not run: {type(exc).__name__}: {str(exc)[:80]}"
-        rows.append({"kernel": "Triton grouped GEMM bf16", "shape": f"G={G} x ({m}x{K}x{N})",
-                     "ours": f"{flop / (t_ours * 1e-3) / 1e12:.0f} TFLOP/s",
-                     "baseline": f"torch.matmul loop {flop / (t_loop * 1e-3) / 1e12:.0f} TFLOP/s",
-                     "ratio": t_loop / t_ours, "target": ">= 1.0", "pass": t_loop / t_ours >= 1.0, "note": note})
-    return rows
-
-
 def gemv_rows(copy_gbps, sweep):
     rows = []
     for K, N in ((3584, 18944), (18944, 3584)):
@@ -132,15 +104,19 @@ def gemv_rows(copy_gbps, sweep):
     return rows
 
 
+def grouped_case(G, m, K, N, dt=torch.bfloat16):
+    """G groups of m rows: A [G*m, K], B [G, K, N], their offsets, sizes and the torch.matmul loop's result."""
+    sizes = [m] * G
+    a = torch.randn(G * m, K, device="cuda", dtype=dt)
+    b = torch.randn(G, K, N, device="cuda", dtype=dt)
+    return a, b, kernels.group_offsets(sizes, "cuda"), sizes, kernels.grouped_matmul_loop(a, b, sizes)
+
+
 def grouped_rows(shapes):
     rows = []
     for G, m, K, N in shapes:
         dt = torch.bfloat16
-        sizes = [m] * G
-        a = torch.randn(G * m, K, device="cuda", dtype=dt)
-        b = torch.randn(G, K, N, device="cuda", dtype=dt)
-        offs = kernels.group_offsets(sizes, "cuda")
-        ref = kernels.grouped_matmul_loop(a, b, sizes)
+        a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
         check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, dt, K, "grouped GEMM")
         check(kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False), ref, dt, K, "grouped GEMM (pointers)")
         t_loop = bench(lambda: kernels.grouped_matmul_loop(a, b, sizes))

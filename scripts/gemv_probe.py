@@ -29,33 +29,7 @@ import triton.language as tl  # noqa: E402
 
 from utils import kernels, metrics  # noqa: E402
 
-_F16X2_DOT8 = tl.constexpr("""
-{
-.reg .b32 t, h, a;
-.reg .b16 lo, hi;
-.reg .f32 flo, fhi, fs;
-lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-mul.rn.f16x2 a, h, $3;
-shr.u32 t, $1, 4;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-fma.rn.f16x2 a, h, $4, a;
-shr.u32 t, $1, 8;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-fma.rn.f16x2 a, h, $5, a;
-shr.u32 t, $1, 12;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-fma.rn.f16x2 a, h, $6, a;
-mov.b32 {lo, hi}, a;
-cvt.f32.f16 flo, lo;
-cvt.f32.f16 fhi, hi;
-add.f32 fs, flo, fhi;
-mov.b32 $0, fs;
-}
-""")
+from utils.kernels import _F16X2_DOT8  # noqa: E402  (the one copy of the inline PTX)
 
 
 @triton.jit

@@ -1,11 +1,11 @@
-"""Grouped GEMM experiments for issue 8 (a bench, not a test): does loading A and B through TMA
-descriptors (Hopper's bulk tensor copy) close the gap to a torch.matmul loop at a few large groups?
+"""Grouped GEMM experiments for issue 8 (a bench, not a test): does a persistent kernel (one program
+per SM walking every group's tiles) close the gap to a torch.matmul loop at a few large groups?
 
     python scripts/grouped_probe.py        # GPU (sm_90); prints a table
 
-The TMA kernel reads A [sum M_g, K] and B viewed as [G*K, N] through host-made descriptors; rows past a
-group's end are read (the next group's, or TMA's zero fill) but never stored. K must be a multiple of
-BLOCK_K so that a tile of B never reaches into the next group.
+Round 1 (docs/device-runs/20261123-lab05-kernels-h100/grouped_probe.log) compared TMA loads with
+pointer loads; TMA won and is now utils.kernels' path on Hopper ("shipped" below). Round 2 is this
+file: the persistent variant, same TMA descriptors (B viewed as [G*K, N], K a multiple of BLOCK_K).
 """
 from __future__ import annotations
 
@@ -13,35 +13,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
+from bench_kernels import grouped_case  # noqa: E402
 from utils import kernels, metrics, roofline  # noqa: E402
-
-
-@triton.jit
-def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-    g = tl.program_id(1)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    Mg = tl.load(offs_ptr + g) - start
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    if pid < num_m * num_n:
-        pid_m, pid_n = kernels._tile_of(pid, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = a_desc.load([start + pid_m * BLOCK_M, k])
-            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-        tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -97,20 +77,7 @@ def grouped_tma_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, GM=8
     return c
 
 
-def grouped_tma(a, b, offs, max_rows, BM, BN, BK, stages, warps, GM=8):
-    G, K, N = b.shape
-    assert K % BK == 0
-    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
-    grid = (triton.cdiv(max_rows, BM) * triton.cdiv(N, BN), G)
-    _grouped_tma_kernel[grid](a_desc, b_desc, c, offs, N, K, c.stride(0), c.stride(1), BLOCK_M=BM, BLOCK_N=BN,
-                              BLOCK_K=BK, GROUP_M=GM, num_stages=stages, num_warps=warps)
-    return c
-
-
-CONFIGS = [("TMA", grouped_tma, (128, 256, 64, 3, 8)), ("TMA", grouped_tma, (128, 256, 64, 4, 8)),
-           ("persistent TMA", grouped_tma_persistent, (128, 256, 64, 3, 8)),
+CONFIGS = [("persistent TMA", grouped_tma_persistent, (128, 256, 64, 3, 8)),
            ("persistent TMA", grouped_tma_persistent, (128, 256, 64, 4, 8)),
            ("persistent TMA", grouped_tma_persistent, (128, 128, 64, 4, 8)),
            ("persistent TMA", grouped_tma_persistent, (128, 128, 64, 5, 4)),
@@ -122,11 +89,7 @@ def main():
     lines = ["| groups | kernel | TFLOP/s | x loop |", "|---|---|---|---|"]
     for G, m, K, N in [(8, 2048, 4096, 4096), (8, 512, 4096, 4096), (64, 128, 2048, 1408)]:
         dt = torch.bfloat16
-        sizes = [m] * G
-        a = torch.randn(G * m, K, device="cuda", dtype=dt)
-        b = torch.randn(G, K, N, device="cuda", dtype=dt)
-        offs = kernels.group_offsets(sizes, "cuda")
-        ref = kernels.grouped_matmul_loop(a, b, sizes)
+        a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
         flop = 2 * G * m * K * N
         tf = lambda t: flop / t / 1e12  # noqa: E731
         t_loop = roofline.time_kernel(lambda: kernels.grouped_matmul_loop(a, b, sizes), "cuda")
