@@ -135,3 +135,16 @@ def test_time_kernel_on_cpu_is_a_positive_median():
     calls = []
     t = roofline.time_kernel(lambda: calls.append(1), "cpu", repeats=3)
     assert t > 0 and len(calls) == 2 + 3                      # warm-up runs, then the timed repeats
+
+
+def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape():
+    """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
+    above 64 (the measured cliff), one candidate per distinct (tile, warps, split)."""
+    configs = kernels._int4_gemv_tuned.configs
+    for K, want in ((3584, {7, 10, 14}), (18944, {37, 50}), (256, {1})):
+        pruned = kernels._gemv_prune(configs, {"K": K}, GROUP=128)
+        splits = {c.kwargs["SPLIT_K"] for c in pruned}
+        assert splits == want, (K, splits)
+        keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"]) for c in pruned]
+        assert len(keys) == len(set(keys)) and all("GROUPS_PER_PROGRAM" not in c.kwargs for c in pruned)
+    assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
