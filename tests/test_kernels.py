@@ -105,7 +105,7 @@ def test_int4_gemv_matches_dequant_reference(split_k):
 
 
 def test_int4_gemv_stays_right_where_fp16_products_overflow():
-    """|x| ~ 4000 with small weights: y fits fp16, but 4 x 15 x |x| does not, so the f16x2 dequant
+    """|x| ~ 4000 with small weights: y fits fp16, but 4 x 8 x |x| does not, so the f16x2 dequant
     (the GPU default) overflows and must redo the block in fp32. On the CPU the f32 dequant runs and
     this checks the reference path; scripts/device_probes.sh runs this file on the GPU."""
     torch.manual_seed(1)
@@ -113,7 +113,7 @@ def test_int4_gemv_stays_right_where_fp16_products_overflow():
     qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
     x = (torch.randn(1, 256) * 4000).half().to(GEMV_DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
-    assert (4 * 15 * x.float().abs().max()) > 65504        # the premise: fp16 products would overflow
+    assert (4 * 8 * x.float().abs().max()) > 65504         # the premise: |q - z| <= 8 here, fp16 overflows
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
     assert torch.isfinite(y).all()
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
@@ -148,3 +148,14 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape():
         keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"]) for c in pruned]
         assert len(keys) == len(set(keys)) and all("GROUPS_PER_PROGRAM" not in c.kwargs for c in pruned)
     assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
+
+
+def test_int4_gemv_takes_an_x_that_is_not_4_byte_aligned():
+    torch.manual_seed(2)
+    w = torch.randn(256, 32)
+    qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
+    x = torch.randn(1, 257).half().to(GEMV_DEVICE)[:, 1:]       # contiguous, but 2 bytes past alignment
+    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
+    assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)

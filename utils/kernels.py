@@ -486,7 +486,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
             tl.atomic_xchg(lock_ptr + pid_n, 0)   # ready for the next call
     if last:
         if F16X2:
-            # fp16 products overflow when |x| passes ~1000 (4 x 15 x |x| > 65504): the sum is then
+            # fp16 products overflow when |x| passes ~1000 (4 x 16 x |x| > 65504 at worst): the sum is then
             # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
             bad = tl.sum(((y - y) != 0).to(tl.int32), axis=0)          # inf - inf and NaN - NaN are NaN
             if bad > 0:
@@ -521,7 +521,7 @@ def _gemv_prune(configs, named_args, **kwargs):
 _int4_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp}, num_warps=w, num_stages=1)
              for b, w, gpp in _GEMV_CONFIGS],
-    key=["K", "N", "GROUP", "F16X2"], use_cuda_graph=True,
+    key=["K", "N", "GROUP", "F16X2"], use_cuda_graph=torch.version.hip is None,   # time replays, not launches
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
 
@@ -572,6 +572,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
+    if x.data_ptr() % 4:
+        x = x.clone()                             # f16x2 reads x as int32 pairs: 4-byte aligned
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ng = K // group_size
     locks = _gemv_locks(x.device, triton.cdiv(N, 128))
