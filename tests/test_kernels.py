@@ -159,3 +159,16 @@ def test_int4_gemv_takes_an_x_that_is_not_4_byte_aligned():
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
+
+
+def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
+    """N = 33024 at block_n = 32 makes 1032 column blocks, past the 1024 counters made by default."""
+    torch.manual_seed(3)
+    qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(torch.randn(128, 33024) * 0.02, 128))
+    qw, qz, s = qw.repeat(2, 1), qz.repeat(2, 1), s.repeat(2, 1)             # K = 256: two groups
+    x = torch.randn(1, 256).half().to(GEMV_DEVICE)
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
+    assert kernels._gemv_locks(x.device, 1).numel() >= 1032
+    assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
+    assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)

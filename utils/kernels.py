@@ -576,11 +576,15 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         x = x.clone()                             # f16x2 reads x as int32 pairs: 4-byte aligned
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ng = K // group_size
-    locks = _gemv_locks(x.device, triton.cdiv(N, 128))
+    fixed = interpreted() or block_n is not None or split_k is not None
+    if fixed:
+        block_n = block_n or (32 if interpreted() else 256)
+    # one fix-up counter per column block: as many as the narrowest tile makes
+    narrowest = block_n if fixed else min(b for b, _, _ in _GEMV_CONFIGS)
+    locks = _gemv_locks(x.device, triton.cdiv(N, narrowest))
     work = torch.empty((ng, N), device=x.device, dtype=torch.float32)   # split-K partials (no fill needed)
     args = (x, qweight, qzeros, scales, y, work, locks, K, N)
-    if interpreted() or block_n is not None or split_k is not None:
-        block_n = block_n or (32 if interpreted() else 256)
+    if fixed:
         split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
