@@ -1,9 +1,9 @@
 """Int4 GEMV experiments for issue 8 (a bench, not a test): which change moves the kernel toward the
 memory floor. Every variant is checked against the fp32 dequant reference before it is timed.
 
-    python scripts/gemv_probe.py                  # table of variants at Qwen2.5-7B's MLP shapes (GPU)
+    python scripts/gemv_probe.py [--round 1]      # table of a round's variants at Qwen2.5-7B's MLP shapes (GPU)
     python scripts/gemv_probe.py --check-only     # CPU: TRITON_INTERPRET=1, small shape, no asm variant
-    python scripts/gemv_probe.py --ncu NAME       # run one variant a few times (for ncu -k regex:probe)
+    ncu -k regex:gemv python scripts/gemv_probe.py --ncu $OUT/gemv_best.json   # one launch of each best config
 
 Knobs of the one experimental kernel below (utils.kernels keeps what wins):
   ZFOLD   the zero point goes into the magic-number subtraction (w = (2^23 + n 2^4j) - (2^23 + z 2^4j)),
@@ -151,19 +151,26 @@ def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, 
     return y.to(x.dtype).reshape(1, N)
 
 
-def variants(gpu: bool):
-    """name -> kwargs. Round 1 (H100): f16x2 without prefetch won, prefetch and f32 lost; round 2 asks
-    whether the fix-up's serial loads of the partials cost time at large split_k."""
-    v = {"f32 zfold fixup": dict(zfold=True, prefetch=False, fixup=True),
-         "f32 zfold fixup unrolled": dict(zfold=True, prefetch=False, fixup=True, fix_unroll=True)}
-    if gpu:
-        v = {"f16x2 fixup": dict(f16x2=True, prefetch=False, fixup=True),
-             "f16x2 fixup unrolled": dict(f16x2=True, prefetch=False, fixup=True, fix_unroll=True)}
-    return v
+# Round 1 (H100): f16x2 without prefetch won; prefetch, atomics and the f32 dequant lost. Round 2 asked
+# whether the fix-up's serial loads of the partials cost time at large split_k, over more tiles and splits.
+ROUNDS = {
+    1: dict(variants={"f32 atomics": dict(zfold=False, prefetch=False, fixup=False),
+                      "f32 zfold fixup": dict(zfold=True, prefetch=False, fixup=True),
+                      "f32 zfold fixup prefetch": dict(zfold=True, prefetch=True, fixup=True),
+                      "f16x2 fixup": dict(f16x2=True, prefetch=False, fixup=True),
+                      "f16x2 fixup prefetch": dict(f16x2=True, prefetch=True, fixup=True)},
+            layouts=((128, 1), (256, 2), (512, 4), (256, 4)),            # (block_n, num_warps)
+            programs=(264, 528, 1056)),                                  # 2 to 8 per H100 SM
+    2: dict(variants={"f16x2 fixup": dict(f16x2=True, prefetch=False, fixup=True),
+                      "f16x2 fixup unrolled": dict(f16x2=True, prefetch=False, fixup=True, fix_unroll=True)},
+            layouts=((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4)),
+            programs=(528, 792, 1056, 1584, 2112)),                      # 4 to 16 per H100 SM
+}
 
 
-LAYOUTS = ((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4))     # (block_n, num_warps)
-PROGRAMS = (528, 792, 1056, 1584, 2112)                                    # 4 to 16 per H100 SM
+def variants(round_: int, gpu: bool) -> dict:
+    """name -> kwargs of one round; without a GPU only the f32 dequant (no inline PTX in the interpreter)."""
+    return {k: v for k, v in ROUNDS[round_]["variants"].items() if gpu or not v.get("f16x2")}
 
 
 def shape_setup(K, N, device):
@@ -186,15 +193,17 @@ def check(fn, qw, qz, s, wd, K, device, what):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check-only", action="store_true")
-    ap.add_argument("--ncu", default=None, help="variant name to run 20 times (profile with ncu)")
+    ap.add_argument("--check-only", action="store_true", help="check every variant of every round, then stop")
+    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=2, help="which round's sweep to time")
+    ap.add_argument("--ncu", default=None, help="gemv_best.json of a sweep: launch the shipped kernel and each "
+                    "shape's best config once (run under ncu)")
     args = ap.parse_args()
     gpu = torch.cuda.is_available() and not kernels.interpreted()
     device = "cuda" if gpu else "cpu"
     if args.check_only or not gpu:
         K, N = 512, 256
         qw, qz, s, wd = shape_setup(K, N, device)
-        for name, kw in variants(gpu).items():
+        for name, kw in {f"round {r} {n}": kw for r in ROUNDS for n, kw in variants(r, gpu).items()}.items():
             for sk in (1, 3):
                 err = check(lambda x: probe_gemv(x, qw, qz, s, block_n=64, split_k=sk, **kw), qw, qz, s, wd, K,
                             device, name)
@@ -227,10 +236,11 @@ def main():
         rows.append((K, N, "shipped int4_gemv (default)", t_ship, qbytes, t_bf, None))
         print(f"{K}->{N}: bf16 {t_bf * 1e6:.1f} us, shipped {t_ship * 1e6:.1f} us", flush=True)
         best = None
-        for name, kw in variants(gpu).items():
-            for bn, nw in LAYOUTS:
+        sweep = ROUNDS[args.round]
+        for name, kw in variants(args.round, gpu).items():
+            for bn, nw in sweep["layouts"]:
                 nb = triton.cdiv(N, bn)
-                for sk in sorted({max(1, min(K // 128, round(p / nb))) for p in PROGRAMS}):
+                for sk in sorted({max(1, min(K // 128, round(p / nb))) for p in sweep["programs"]}):
                     cfg = dict(kw, block_n=bn, split_k=sk, num_warps=nw)
                     what = f"{name} bn={bn} w={nw} sk={sk}"
                     try:
