@@ -2,6 +2,7 @@
 memory floor. Every variant is checked against the fp32 dequant reference before it is timed.
 
     python scripts/gemv_probe.py [--round 1]      # table of a round's variants at Qwen2.5-7B's MLP shapes (GPU)
+    python scripts/gemv_probe.py --round 3        # the shipped kernel's tiles x splits x NUM_STAGES (GPU)
     python scripts/gemv_probe.py --check-only     # CPU: TRITON_INTERPRET=1, small shape, no asm variant
     ncu -k regex:gemv python scripts/gemv_probe.py --ncu $OUT/gemv_best.json   # one launch of each best config
 
@@ -29,7 +30,38 @@ import triton.language as tl  # noqa: E402
 
 from utils import kernels, metrics  # noqa: E402
 
-from utils.kernels import _F16X2_DOT8  # noqa: E402  (the one copy of the inline PTX)
+# Rounds 1-2's inline PTX (utils.kernels now has _F16X2_DOT16: two int32 per call, shift-free high
+# nibbles). fp16x2 dot of one packed int32 (8 nibbles) with 8 activations, in Marlin's manner:
+# (q >> 4j) & 0x000F000F | 0x64006400 is two fp16 numbers 1024 + n (nibbles j and j+4), minus 1024 + z
+# gives n - z exactly; two weights per instruction, products and 4-term sums in fp16, then one fp32 sum. $1 = q, $2 = 1024 + z as
+# fp16x2, $3..$6 = (x[j], x[j+4]) as fp16x2 for j = 0..3; $0 = the fp32 result's bits.
+_F16X2_DOT8 = tl.constexpr("""
+{
+.reg .b32 t, h, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi, fs;
+lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+mul.rn.f16x2 a, h, $3;
+shr.u32 t, $1, 4;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $4, a;
+shr.u32 t, $1, 8;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $5, a;
+shr.u32 t, $1, 12;
+lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $2;
+fma.rn.f16x2 a, h, $6, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 fs, flo, fhi;
+mov.b32 $0, fs;
+}
+""")
 
 
 @triton.jit
@@ -165,12 +197,18 @@ ROUNDS = {
                       "f16x2 fixup unrolled": dict(f16x2=True, prefetch=False, fixup=True, fix_unroll=True)},
             layouts=((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4)),
             programs=(528, 792, 1056, 1584, 2112)),                      # 4 to 16 per H100 SM
+    # Round 3: every program of the shipped kernel loads a group, computes it, loads the next; all
+    # programs fit in one wave, so loads and math alternate in lock-step. Does Triton's pipeliner
+    # (cp.async of the next groups' codes into shared memory, NUM_STAGES) overlap them, and does it let
+    # a program take more groups (a smaller split-K, a shorter fix-up)?
+    3: dict(shipped=True, layouts=((128, 1), (256, 2), (512, 4)), groups_per_program=(2, 3, 4, 6, 8),
+            stages=(1, 2, 3)),
 }
 
 
 def variants(round_: int, gpu: bool) -> dict:
     """name -> kwargs of one round; without a GPU only the f32 dequant (no inline PTX in the interpreter)."""
-    return {k: v for k, v in ROUNDS[round_]["variants"].items() if gpu or not v.get("f16x2")}
+    return {k: v for k, v in ROUNDS[round_].get("variants", {}).items() if gpu or not v.get("f16x2")}
 
 
 def shape_setup(K, N, device):
@@ -191,10 +229,33 @@ def check(fn, qw, qz, s, wd, K, device, what):
     return err
 
 
+def sweep_shipped(sweep, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device):
+    """Round 3: utils.kernels.int4_gemv at fixed (block_n, num_warps, split_k, num_stages); rows appended."""
+    from utils import roofline
+    ng, best = K // 128, None
+    for bn, nw in sweep["layouts"]:
+        for sk in sorted({kernels._gemv_split(ng, gpp) for gpp in sweep["groups_per_program"]}):
+            for ns in sweep["stages"]:
+                cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns)
+                what = f"shipped bn={bn} w={nw} sk={sk} stages={ns}"
+                fn = lambda x_: kernels.int4_gemv(x_, qw, qz, s, 128, **cfg)  # noqa: E731
+                try:
+                    check(fn, qw, qz, s, wd, K, device, what)
+                    t = roofline.time_kernel(lambda: fn(x), "cuda")
+                except Exception as exc:  # noqa: BLE001 - a failing config is reported, not fatal
+                    print(f"  {what}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    continue
+                rows.append((K, N, what, t, qbytes, t_bf, cfg))
+                if best is None or t < best[0]:
+                    best = (t, cfg)
+                print(f"  {what}: {t * 1e6:.1f} us  {qbytes / t / 1e9:.0f} GB/s  {t_bf / t:.2f}x bf16", flush=True)
+    return best
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check-only", action="store_true", help="check every variant of every round, then stop")
-    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=2, help="which round's sweep to time")
+    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=3, help="which round's sweep to time")
     ap.add_argument("--ncu", default=None, help="gemv_best.json of a sweep: launch the shipped kernel and each "
                     "shape's best config once (run under ncu)")
     args = ap.parse_args()
@@ -219,7 +280,10 @@ def main():
             qw, qz, s, wd = shape_setup(K, N, device)
             x = torch.randn(1, K, device=device, dtype=torch.float16)
             kernels.int4_gemv(x, qw, qz, s, 128)          # the shipped kernel, for comparison
-            probe_gemv(x, qw, qz, s, **cfg)
+            if "f16x2" in cfg:                            # rounds 1-2: the probe kernel
+                probe_gemv(x, qw, qz, s, **cfg)
+            else:                                         # round 3: the shipped kernel, fixed config
+                kernels.int4_gemv(x, qw, qz, s, 128, **cfg)
         torch.cuda.synchronize()
         return
     copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
@@ -237,6 +301,10 @@ def main():
         print(f"{K}->{N}: bf16 {t_bf * 1e6:.1f} us, shipped {t_ship * 1e6:.1f} us", flush=True)
         best = None
         sweep = ROUNDS[args.round]
+        if sweep.get("shipped"):
+            best = sweep_shipped(sweep, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device)
+            rows.append((K, N, "shipped int4_gemv (default), again", roofline.time_kernel(
+                lambda: kernels.int4_gemv(x, qw, qz, s, 128), "cuda"), qbytes, t_bf, None))   # drift check
         for name, kw in variants(args.round, gpu).items():
             for bn, nw in sweep["layouts"]:
                 nb = triton.cdiv(N, bn)

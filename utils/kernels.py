@@ -185,8 +185,10 @@ _grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"],
 @triton.jit
 def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROWS,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr):
+                        GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
     """The grouped GEMM with A and B read through TMA descriptors (Hopper's bulk tensor copy engine).
+    WARP_SPECIALIZE (Triton's automatic warp specialization, sm_90 with num_warps=4): a producer warp
+    group issues the TMA loads while two consumer warp groups run the wgmma, as CUTLASS kernels do.
     A tile may read rows past its group's end (the next group's, or TMA's zero fill): they are never
     stored. B is viewed as [G*K, N], so K must be a multiple of BLOCK_K (the wrapper checks)."""
     g = tl.program_id(1)
@@ -197,7 +199,7 @@ def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROW
     if pid < num_m * num_n:
         pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
+        for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
             a = a_desc.load([start + pid_m * BLOCK_M, k])
             b = b_desc.load([g * K + k, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
@@ -354,30 +356,45 @@ def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.T
     return gptq.dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()
 
 
-# fp16x2 dot of one packed int32 (8 nibbles) with 8 activations, in Marlin's manner: (q >> 4j) & 0x000F000F
-# | 0x64006400 is two fp16 numbers 1024 + n (nibbles j and j+4), minus 1024 + z gives n - z exactly; two
-# weights per instruction, products and 4-term sums in fp16, then one fp32 sum. $1 = q, $2 = 1024 + z as
-# fp16x2, $3..$6 = (x[j], x[j+4]) as fp16x2 for j = 0..3; $0 = the fp32 result's bits.
-_F16X2_DOT8 = tl.constexpr("""
+# fp16x2 dot of two packed int32 (16 nibbles, K rows 8r..8r+15) with 16 activations, in Marlin's manner:
+# q & 0x000F000F | 0x64006400 is two fp16 numbers 1024 + n (nibbles j and j+4), minus 1024 + z is n - z
+# exactly; q & 0x00F000F0 | 0x64006400 is 1024 + 16n (the next nibbles, unshifted), and times 1/16 minus
+# 64 + z (one fma) is n - z exactly; then q >> 8 for the other four. Two weights per instruction, products
+# and 8-term sums in fp16 (one per half), then one fp32 sum. $1, $2 = the two int32; $3 = 1024 + z and
+# $4 = -(64 + z) as fp16x2; $5..$8 (first int32) and $9..$12 (second) = (x[j], x[j+4]) as fp16x2 for
+# j = 0..3; $0 = the fp32 result's bits.
+_F16X2_DOT16 = tl.constexpr("""
 {
-.reg .b32 t, h, a;
+.reg .b32 q8, t, h, a, r16;
 .reg .b16 lo, hi;
 .reg .f32 flo, fhi, fs;
+mov.b32 r16, 0x2C002C00;
 lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-mul.rn.f16x2 a, h, $3;
-shr.u32 t, $1, 4;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-fma.rn.f16x2 a, h, $4, a;
-shr.u32 t, $1, 8;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
-fma.rn.f16x2 a, h, $5, a;
-shr.u32 t, $1, 12;
-lop3.b32 t, t, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $2;
+sub.f16x2 h, t, $3;
+mul.rn.f16x2 a, h, $5;
+lop3.b32 t, $1, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 h, t, r16, $4;
 fma.rn.f16x2 a, h, $6, a;
+shr.u32 q8, $1, 8;
+lop3.b32 t, q8, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $3;
+fma.rn.f16x2 a, h, $7, a;
+lop3.b32 t, q8, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 h, t, r16, $4;
+fma.rn.f16x2 a, h, $8, a;
+lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $3;
+fma.rn.f16x2 a, h, $9, a;
+lop3.b32 t, $2, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 h, t, r16, $4;
+fma.rn.f16x2 a, h, $10, a;
+shr.u32 q8, $2, 8;
+lop3.b32 t, q8, 0x000F000F, 0x64006400, 0xEA;
+sub.f16x2 h, t, $3;
+fma.rn.f16x2 a, h, $11, a;
+lop3.b32 t, q8, 0x00F000F0, 0x64006400, 0xEA;
+fma.rn.f16x2 h, t, r16, $4;
+fma.rn.f16x2 a, h, $12, a;
 mov.b32 {lo, hi}, a;
 cvt.f32.f16 flo, lo;
 cvt.f32.f16 fhi, hi;
@@ -406,38 +423,56 @@ def _group_dot_f32(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _group_dot_f16x2(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
-    """The same sum with two weights per instruction (_F16X2_DOT8); x must be fp16. Returns [GROUP/8, BLOCK_N]."""
-    x32 = x_ptr.to(tl.pointer_type(tl.int32)) + g * (GROUP // 2) + r8 * 4    # x as pairs of halves
-    x01 = tl.load(x32)
-    x23 = tl.load(x32 + 1)
-    x45 = tl.load(x32 + 2)
-    x67 = tl.load(x32 + 3)
+def _xpairs(x32, row):
+    """fp16x2 registers (x[8 row + j], x[8 row + j + 4]) for j = 0..3, from four int32 loads of x."""
+    x01 = tl.load(x32 + row * 4)
+    x23 = tl.load(x32 + row * 4 + 1)
+    x45 = tl.load(x32 + row * 4 + 2)
+    x67 = tl.load(x32 + row * 4 + 3)
     hi = -65536                                   # 0xFFFF0000
+    return (((x01 & 0xFFFF) | (x45 << 16))[:, None], (((x01 >> 16) & 0xFFFF) | (x45 & hi))[:, None],
+            ((x23 & 0xFFFF) | (x67 << 16))[:, None], (((x23 >> 16) & 0xFFFF) | (x67 & hi))[:, None])
+
+
+@triton.jit
+def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
+    """The same sum with two weights per instruction (_F16X2_DOT16) over packed rows 2 r16 (qa) and
+    2 r16 + 1 (qb); x must be fp16. Returns [GROUP/16, BLOCK_N]."""
+    x32 = x_ptr.to(tl.pointer_type(tl.int32)) + g * (GROUP // 2)    # x as pairs of halves
+    a0, a1, a2, a3 = _xpairs(x32, 2 * r16)
+    b0, b1, b2, b3 = _xpairs(x32, 2 * r16 + 1)
     zz = ((0x6400 + z) << 16) | (0x6400 + z)      # 1024 + z in both halves
+    nz = 0xD400 + (z << 4)                        # -(64 + z) in fp16
+    nzz = (nz << 16) | nz
     return tl.inline_asm_elementwise(
-        _F16X2_DOT8, "=r,r,r,r,r,r,r",
-        [q, zz[None, :], ((x01 & 0xFFFF) | (x45 << 16))[:, None], (((x01 >> 16) & 0xFFFF) | (x45 & hi))[:, None],
-         ((x23 & 0xFFFF) | (x67 << 16))[:, None], (((x23 >> 16) & 0xFFFF) | (x67 & hi))[:, None]],
+        _F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [qa, qb, zz[None, :], nzz[None, :], a0, a1, a2, a3, b0, b1, b2, b3],
         dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
-                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr):
-    """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last."""
+                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last. NUM_STAGES > 1 lets
+    Triton's pipeliner copy the next groups' codes into shared memory (cp.async) while this one is
+    computed; 1 loads each group when it is needed."""
     R: tl.constexpr = GROUP // 8
     r8 = tl.arange(0, R)
+    r16 = tl.arange(0, R // 2)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for g in range(first, last, step):
-        q = tl.load(qw_ptr + (g * R + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
-                    eviction_policy="evict_first")            # read once: keep x and the partials in L2
+    for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
         z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
         s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-        if F16X2:
-            part = _group_dot_f16x2(q, z, x_ptr, g, r8, GROUP)
+        if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
+            qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                         eviction_policy="evict_first")       # read once: keep x and the partials in L2
+            qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * N + rn[None, :], mask=nmask[None, :],
+                         other=0, eviction_policy="evict_first")
+            part = _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         else:
+            q = tl.load(qw_ptr + (g * R + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                        eviction_policy="evict_first")
             part = _group_dot_f32(q, z, x_ptr, g, r8, GROUP)
         acc += tl.sum(part, axis=0) * s
     return acc
@@ -463,12 +498,13 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr = 1):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
-    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2)
+    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
+                     NUM_STAGES)
     last = True
     if SPLIT_K > 1:
         # split-K fix-up in the same kernel: partials to a workspace; the last program of this column
@@ -486,7 +522,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
             tl.atomic_xchg(lock_ptr + pid_n, 0)   # ready for the next call
     if last:
         if F16X2:
-            # fp16 products overflow when |x| passes ~1000 (4 x 16 x |x| > 65504 at worst): the sum is then
+            # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
             # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
             bad = tl.sum(((y - y) != 0).to(tl.int32), axis=0)          # inf - inf and NaN - NaN are NaN
             if bad > 0:
@@ -494,10 +530,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
 
-# (block_n, num_warps, groups per program): block_n = 128 x num_warps gives each thread all rows of its
-# 4 columns (16-byte loads, a thread-local sum over rows). Measured on the H100 (scripts/gemv_probe.py):
-# 2 groups per program was best at K=3584, 4 at K=18944; split-K past ~60 fell off a cliff.
-_GEMV_CONFIGS = [(128, 1, 2), (128, 1, 4), (256, 2, 2), (256, 2, 3), (256, 2, 4), (512, 4, 2), (512, 4, 4)]
+# (block_n, num_warps, groups per program, NUM_STAGES): block_n = 128 x num_warps gives each thread all
+# rows of its 4 columns (16-byte loads, a thread-local sum over rows). Measured on the H100
+# (scripts/gemv_probe.py --round 3): 2 groups per program was best at K=3584, 4 at K=18944; split-K past
+# ~60 fell off a cliff; NUM_STAGES=2 (the next group's codes copied to shared memory while this one is
+# computed) took 0.5-1.3 us off the best configs, 3 stages lost.
+_GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (512, 4, 4, 1),
+                 (256, 2, 2, 1), (128, 1, 2, 1)]
 _GEMV_LOCKS: dict = {}
 
 
@@ -511,16 +550,18 @@ def _gemv_prune(configs, named_args, **kwargs):
     ng = named_args["K"] // kwargs.get("GROUP", 128)
     seen, out = set(), []
     for c in configs:
-        key = (c.kwargs["BLOCK_N"], c.num_warps, _gemv_split(ng, c.kwargs["GROUPS_PER_PROGRAM"]))
+        key = (c.kwargs["BLOCK_N"], c.num_warps, _gemv_split(ng, c.kwargs["GROUPS_PER_PROGRAM"]),
+               c.kwargs["NUM_STAGES"])
         if key not in seen:
             seen.add(key)
-            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2]}, num_warps=key[1], num_stages=1))
+            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3]},
+                                     num_warps=key[1], num_stages=1))
     return out
 
 
 _int4_gemv_tuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp}, num_warps=w, num_stages=1)
-             for b, w, gpp in _GEMV_CONFIGS],
+    configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp, "NUM_STAGES": st}, num_warps=w, num_stages=1)
+             for b, w, gpp, st in _GEMV_CONFIGS],
     key=["K", "N", "GROUP", "F16X2"], use_cuda_graph=torch.version.hip is None,   # time replays, not launches
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
@@ -548,14 +589,15 @@ def int4_gemv_dequant(x: torch.Tensor) -> str:
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              dequant: str | None = None) -> torch.Tensor:
+              dequant: str | None = None, num_stages: int = 1) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
     Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
     with a deterministic in-kernel fix-up. dequant "f32" is exact; "f16x2" (the default for fp16 x on
-    NVIDIA, int4_gemv_dequant) rounds each product and 4-term sum to fp16, about 2^-11 relative, and
+    NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
-    None are autotuned per shape; give block_n and split_k to fix them. Call it once (per shape) before
+    None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
+    of codes are in flight per program). Call it once (per shape) before
     capturing it in a CUDA graph: autotuning and the fix-up counters happen outside the graph.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
@@ -569,6 +611,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
            f"qzeros must be [K/group_size, N/8] = {(K // group_size, N // 8)}, got {tuple(qzeros.shape)}")
     auto = int4_gemv_dequant(x)
     dequant = dequant or auto
+    _check(isinstance(num_stages, int) and num_stages >= 1, f"num_stages must be an int >= 1, got {num_stages!r}")
     _check(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
@@ -580,7 +623,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     if fixed:
         block_n = block_n or (32 if interpreted() else 256)
     # one fix-up counter per column block: as many as the narrowest tile makes
-    narrowest = block_n if fixed else min(b for b, _, _ in _GEMV_CONFIGS)
+    narrowest = block_n if fixed else min(c[0] for c in _GEMV_CONFIGS)
     locks = _gemv_locks(x.device, triton.cdiv(N, narrowest))
     work = torch.empty((ng, N), device=x.device, dtype=torch.float32)   # split-K partials (no fill needed)
     args = (x, qweight, qzeros, scales, y, work, locks, K, N)
@@ -588,7 +631,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            num_warps=num_warps, num_stages=1)
+            NUM_STAGES=num_stages, num_warps=num_warps, num_stages=1)
     else:
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
