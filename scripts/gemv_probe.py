@@ -75,21 +75,6 @@ def _load_group(qw_ptr, qz_ptr, s_ptr, g, rn, r8, N, NG, nmask, R: tl.constexpr)
 
 
 @triton.jit
-def _xpairs(x32, base):
-    """fp16x2 registers (x[8r+j], x[8r+j+4]) for j = 0..3, from four int32 loads of x (pairs of halves)."""
-    x01 = tl.load(x32 + base)
-    x23 = tl.load(x32 + base + 1)
-    x45 = tl.load(x32 + base + 2)
-    x67 = tl.load(x32 + base + 3)
-    hi = -65536                                          # 0xFFFF0000
-    p0 = (x01 & 0xFFFF) | (x45 << 16)
-    p1 = ((x01 >> 16) & 0xFFFF) | (x45 & hi)
-    p2 = (x23 & 0xFFFF) | (x67 << 16)
-    p3 = ((x23 >> 16) & 0xFFFF) | (x67 & hi)
-    return p0, p1, p2, p3
-
-
-@triton.jit
 def _probe_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
                        ZFOLD: tl.constexpr, PREFETCH: tl.constexpr, FIXUP: tl.constexpr,
@@ -114,10 +99,10 @@ def _probe_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
         s = s16.to(tl.float32)
         if F16X2:
             zz = ((0x6400 + z) << 16) | (0x6400 + z)
-            p0, p1, p2, p3 = _xpairs(x32, g * (GROUP // 2) + r8 * 4)
+            p0, p1, p2, p3 = kernels._xpairs(x32 + g * (GROUP // 2), r8)      # each [R, 1]
             part = tl.inline_asm_elementwise(
                 _F16X2_DOT8, "=r,r,r,r,r,r,r",
-                [q, zz[None, :], p0[:, None], p1[:, None], p2[:, None], p3[:, None]],
+                [q, zz[None, :], p0, p1, p2, p3],
                 dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
         else:
             xg = x_ptr + g * GROUP + r8 * 8
@@ -229,26 +214,30 @@ def check(fn, qw, qz, s, wd, K, device, what):
     return err
 
 
+def time_variant(fn, what, cfg, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device, best):
+    """Check fn (x -> y) against the reference, time it, append its row; returns the new best (t, cfg)."""
+    from utils import roofline
+    try:
+        check(fn, qw, qz, s, wd, K, device, what)
+        t = roofline.time_kernel(lambda: fn(x), "cuda")
+    except Exception as exc:  # noqa: BLE001 - a failing variant is reported, not fatal
+        print(f"  {what}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        return best
+    rows.append((K, N, what, t, qbytes, t_bf, cfg))
+    print(f"  {what}: {t * 1e6:.1f} us  {qbytes / t / 1e9:.0f} GB/s  {t_bf / t:.2f}x bf16", flush=True)
+    return (t, cfg) if best is None or t < best[0] else best
+
+
 def sweep_shipped(sweep, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device):
     """Round 3: utils.kernels.int4_gemv at fixed (block_n, num_warps, split_k, num_stages); rows appended."""
-    from utils import roofline
     ng, best = K // 128, None
     for bn, nw in sweep["layouts"]:
         for sk in sorted({kernels._gemv_split(ng, gpp) for gpp in sweep["groups_per_program"]}):
             for ns in sweep["stages"]:
                 cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns)
                 what = f"shipped bn={bn} w={nw} sk={sk} stages={ns}"
-                fn = lambda x_: kernels.int4_gemv(x_, qw, qz, s, 128, **cfg)  # noqa: E731
-                try:
-                    check(fn, qw, qz, s, wd, K, device, what)
-                    t = roofline.time_kernel(lambda: fn(x), "cuda")
-                except Exception as exc:  # noqa: BLE001 - a failing config is reported, not fatal
-                    print(f"  {what}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                    continue
-                rows.append((K, N, what, t, qbytes, t_bf, cfg))
-                if best is None or t < best[0]:
-                    best = (t, cfg)
-                print(f"  {what}: {t * 1e6:.1f} us  {qbytes / t / 1e9:.0f} GB/s  {t_bf / t:.2f}x bf16", flush=True)
+                best = time_variant(lambda x_, c=cfg: kernels.int4_gemv(x_, qw, qz, s, 128, **c), what, cfg,
+                                    K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device, best)
     return best
 
 
@@ -311,16 +300,8 @@ def main():
                 for sk in sorted({max(1, min(K // 128, round(p / nb))) for p in sweep["programs"]}):
                     cfg = dict(kw, block_n=bn, split_k=sk, num_warps=nw)
                     what = f"{name} bn={bn} w={nw} sk={sk}"
-                    try:
-                        check(lambda x: probe_gemv(x, qw, qz, s, **cfg), qw, qz, s, wd, K, device, what)
-                        t = roofline.time_kernel(lambda: probe_gemv(x, qw, qz, s, **cfg), "cuda")
-                    except Exception as exc:  # noqa: BLE001 - a failing variant is reported, not fatal
-                        print(f"  {what}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                        continue
-                    rows.append((K, N, what, t, qbytes, t_bf, cfg))
-                    if best is None or t < best[0]:
-                        best = (t, cfg)
-                    print(f"  {what}: {t * 1e6:.1f} us  {qbytes / t / 1e9:.0f} GB/s  {t_bf / t:.2f}x bf16", flush=True)
+                    best = time_variant(lambda x_, c=cfg: probe_gemv(x_, qw, qz, s, **c), what, cfg,
+                                        K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device, best)
         best_cfgs.append(best[1])
     (out / "gemv_best.json").write_text(json.dumps(best_cfgs))
     lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]

@@ -67,56 +67,24 @@ def _grouped_tma_persistent_kernel(a_desc, b_desc, c_ptr, offs_ptr, G, N, K, scm
 
 
 @triton.jit
-def _grouped_ws_persistent_kernel(a_desc, b_desc, c_ptr, offs_ptr, G, N, K, scm, scn, MAX_ROWS,
+def _grouped_ws_persistent_kernel(a, b, c_ptr, offs_ptr, G, N, K, scm, scn, MAX_ROWS,
                                   NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr):
+                                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr,
+                                  DEVICE_DESC: tl.constexpr = False, UNIFORM: tl.constexpr = False):
     """Persistent in Triton tutorial 09's shape (an outer loop over tiles, an inner one over K, not
     flattened), which Triton 3.6 warp-specializes on sm_90: a producer warp group issues every tile's
-    TMA loads ahead while the consumers run this tile's wgmma and its epilogue."""
-    num_m, num_n = tl.cdiv(MAX_ROWS, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    per_group = num_m * num_n
-    for tile in tl.range(tl.program_id(0), G * per_group, NUM_SMS, warp_specialize=WS):
-        g = tile // per_group
-        start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-        pid_m, pid_n = kernels._tile_of(tile % per_group, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = a_desc.load([start + pid_m * BLOCK_M, k])
-            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
-        Mg = tl.load(offs_ptr + g) - start
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-        tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-def grouped_ws_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, ws=True, GM=8):
-    G, K, N = b.shape
-    assert K % BK == 0
-    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles = G * triton.cdiv(max_rows, BM) * triton.cdiv(N, BN)
-    _grouped_ws_persistent_kernel[(min(sms, tiles),)](a_desc, b_desc, c, offs, G, N, K, c.stride(0), c.stride(1),
-                                                      max_rows, NUM_SMS=min(sms, tiles), BLOCK_M=BM, BLOCK_N=BN,
-                                                      BLOCK_K=BK, GROUP_M=GM, WS=ws, num_stages=stages,
-                                                      num_warps=warps)
-    return c
-
-
-@triton.jit
-def _grouped_ws_devdesc_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, M_TOTAL, N, K, scm, scn, MAX_ROWS,
-                               NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, WS: tl.constexpr,
-                               UNIFORM: tl.constexpr = False):
-    """The same persistent kernel with its TMA descriptors made on the device (tl.make_tensor_descriptor),
-    the form Triton's tutorial 09 warp-specializes on Hopper (triton-lang/triton PR 7136: its host-descriptor
-    persistent kernel was not verified with warp_specialize=True, the device-descriptor one was).
-    UNIFORM (a diagnosis, valid only when every group has MAX_ROWS rows): no loads of offs in the loop."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M_TOTAL, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[G * K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    TMA loads ahead while the consumers run this tile's wgmma and its epilogue. a and b are host-made
+    TMA descriptors, or with DEVICE_DESC plain pointers whose descriptors are made here
+    (tl.make_tensor_descriptor), the form tutorial 09 warp-specializes on Hopper (triton-lang/triton
+    PR 7136 verified it there, not the host-descriptor one). UNIFORM (a diagnosis, valid only when every
+    group has MAX_ROWS rows): no loads of offs in the loop."""
+    if DEVICE_DESC:
+        a_desc = tl.make_tensor_descriptor(a, shape=[tl.load(offs_ptr + G - 1), K], strides=[K, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b, shape=[G * K, N], strides=[N, 1], block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        a_desc = a
+        b_desc = b
     num_m, num_n = tl.cdiv(MAX_ROWS, BLOCK_M), tl.cdiv(N, BLOCK_N)
     per_group = num_m * num_n
     for tile in tl.range(tl.program_id(0), G * per_group, NUM_SMS, warp_specialize=WS):
@@ -128,9 +96,9 @@ def _grouped_ws_devdesc_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, M_TOTAL, N, K, 
         pid_m, pid_n = kernels._tile_of(tile % per_group, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            a = a_desc.load([start + pid_m * BLOCK_M, k])
-            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
+            a_tile = a_desc.load([start + pid_m * BLOCK_M, k])
+            b_tile = b_desc.load([g * K + k, pid_n * BLOCK_N])
+            acc = tl.dot(a_tile, b_tile, acc)
         if UNIFORM:
             Mg = MAX_ROWS
         else:
@@ -141,52 +109,47 @@ def _grouped_ws_devdesc_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, G, M_TOTAL, N, K, 
         tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
-def grouped_ws_devdesc(a, b, offs, max_rows, BM, BN, BK, stages, warps, ws=True, uniform=False, GM=8):
+def _persistent_launch(kernel, a, b, offs, max_rows, BM, BN, BK, stages, warps, GM, device_desc=False,
+                       **constexprs):
+    """Launch a persistent kernel taking (a, b, c, offs, G, N, K, ...): one program per SM; a and b as
+    host TMA descriptors, or as the tensors themselves with device_desc."""
     G, K, N = b.shape
     assert K % BK == 0 and a.is_contiguous() and b.is_contiguous()
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, device=a.device, dtype=torch.int8))
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
+    if device_desc:   # the descriptors are written to global scratch memory the kernel asks for
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, device=a.device, dtype=torch.int8))
+        a_arg, b_arg = a, b
+        constexprs["DEVICE_DESC"] = True
+    else:
+        a_arg = TensorDescriptor.from_tensor(a, [BM, BK])
+        b_arg = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max_rows, BM) * triton.cdiv(N, BN)
-    _grouped_ws_devdesc_kernel[(min(sms, tiles),)](a, b, c, offs, G, a.shape[0], N, K, c.stride(0), c.stride(1),
-                                                   max_rows, NUM_SMS=min(sms, tiles), BLOCK_M=BM, BLOCK_N=BN,
-                                                   BLOCK_K=BK, GROUP_M=GM, WS=ws, UNIFORM=uniform,
-                                                   num_stages=stages, num_warps=warps)
+    kernel[(min(sms, tiles),)](a_arg, b_arg, c, offs, G, N, K, c.stride(0), c.stride(1), max_rows,
+                               NUM_SMS=min(sms, tiles), BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GM,
+                               num_stages=stages, num_warps=warps, **constexprs)
     return c
+
+
+def grouped_ws_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, ws=True, GM=8):
+    return _persistent_launch(_grouped_ws_persistent_kernel, a, b, offs, max_rows, BM, BN, BK, stages, warps,
+                              GM, WS=ws)
+
+
+def grouped_ws_devdesc(a, b, offs, max_rows, BM, BN, BK, stages, warps, ws=True, uniform=False, GM=8):
+    return _persistent_launch(_grouped_ws_persistent_kernel, a, b, offs, max_rows, BM, BN, BK, stages, warps,
+                              GM, device_desc=True, WS=ws, UNIFORM=uniform)
 
 
 def grouped_tma_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, GM=8):
-    G, K, N = b.shape
-    assert K % BK == 0
-    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles = G * triton.cdiv(max_rows, BM) * triton.cdiv(N, BN)
-    _grouped_tma_persistent_kernel[(min(sms, tiles),)](a_desc, b_desc, c, offs, G, N, K, c.stride(0), c.stride(1),
-                                                       max_rows, NUM_SMS=min(sms, tiles), BLOCK_M=BM, BLOCK_N=BN,
-                                                       BLOCK_K=BK, GROUP_M=GM, num_stages=stages, num_warps=warps)
-    return c
-
-
-def grouped_tma_fixed(a, b, offs, max_rows, BM, BN, BK, stages, warps, ws=False, GM=8):
-    """The shipped kernel (utils.kernels._grouped_tma_kernel) at one fixed config, warp-specialized or not."""
-    G, K, N = b.shape
-    assert K % BK == 0
-    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
-    grid = (triton.cdiv(max_rows, BM) * triton.cdiv(N, BN), G)
-    kernels._grouped_tma_kernel[grid](a_desc, b_desc, c, offs, N, K, c.stride(0), c.stride(1), max_rows,
-                                      BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GM, WARP_SPECIALIZE=ws,
-                                      num_stages=stages, num_warps=warps)
-    return c
+    return _persistent_launch(_grouped_tma_persistent_kernel, a, b, offs, max_rows, BM, BN, BK, stages, warps, GM)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps, warp_specialize). Round 3 on the H100: the
-# non-persistent shipped kernel with warp_specialize=True, (128, 256, 64, 3, 4), compiled (12 warps)
-# but never finished at 8 x 2048 rows (killed by the probe's timeout), so it is left out and each
-# config now runs in its own time-limited process.
+# non-persistent shipped kernel (utils.kernels._grouped_tma_kernel) with its K loop as
+# tl.range(0, K, BLOCK_K, warp_specialize=True), (128, 256, 64, 3, 4), compiled (12 warps) but never
+# finished at 8 x 2048 rows (killed by the probe's timeout), so that knob is gone and each config now
+# runs in its own time-limited process.
 CONFIGS = [("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 3, 8, False)),
            ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (128, 256, 64, 3, 4, True)),
            ("persistent, device descriptors, warp-specialized, no offs loads (uniform groups only)",

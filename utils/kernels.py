@@ -185,10 +185,8 @@ _grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"],
 @triton.jit
 def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROWS,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
+                        GROUP_M: tl.constexpr):
     """The grouped GEMM with A and B read through TMA descriptors (Hopper's bulk tensor copy engine).
-    WARP_SPECIALIZE (Triton's automatic warp specialization, sm_90 with num_warps=4): a producer warp
-    group issues the TMA loads while two consumer warp groups run the wgmma, as CUTLASS kernels do.
     A tile may read rows past its group's end (the next group's, or TMA's zero fill): they are never
     stored. B is viewed as [G*K, N], so K must be a multiple of BLOCK_K (the wrapper checks)."""
     g = tl.program_id(1)
@@ -199,7 +197,7 @@ def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROW
     if pid < num_m * num_n:
         pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+        for k in range(0, K, BLOCK_K):
             a = a_desc.load([start + pid_m * BLOCK_M, k])
             b = b_desc.load([g * K + k, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
@@ -363,45 +361,25 @@ def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.T
 # and 8-term sums in fp16 (one per half), then one fp32 sum. $1, $2 = the two int32; $3 = 1024 + z and
 # $4 = -(64 + z) as fp16x2; $5..$8 (first int32) and $9..$12 (second) = (x[j], x[j+4]) as fp16x2 for
 # j = 0..3; $0 = the fp32 result's bits.
-_F16X2_DOT16 = tl.constexpr("""
-{
-.reg .b32 q8, t, h, a, r16;
-.reg .b16 lo, hi;
-.reg .f32 flo, fhi, fs;
-mov.b32 r16, 0x2C002C00;
-lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA;
+_F16X2_DOT16_INT32 = """
+lop3.b32 t, {q}, 0x000F000F, 0x64006400, 0xEA;
 sub.f16x2 h, t, $3;
-mul.rn.f16x2 a, h, $5;
-lop3.b32 t, $1, 0x00F000F0, 0x64006400, 0xEA;
+{first} a, h, {x0}{acc};
+lop3.b32 t, {q}, 0x00F000F0, 0x64006400, 0xEA;
 fma.rn.f16x2 h, t, r16, $4;
-fma.rn.f16x2 a, h, $6, a;
-shr.u32 q8, $1, 8;
+fma.rn.f16x2 a, h, {x1}, a;
+shr.u32 q8, {q}, 8;
 lop3.b32 t, q8, 0x000F000F, 0x64006400, 0xEA;
 sub.f16x2 h, t, $3;
-fma.rn.f16x2 a, h, $7, a;
+fma.rn.f16x2 a, h, {x2}, a;
 lop3.b32 t, q8, 0x00F000F0, 0x64006400, 0xEA;
 fma.rn.f16x2 h, t, r16, $4;
-fma.rn.f16x2 a, h, $8, a;
-lop3.b32 t, $2, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $3;
-fma.rn.f16x2 a, h, $9, a;
-lop3.b32 t, $2, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 h, t, r16, $4;
-fma.rn.f16x2 a, h, $10, a;
-shr.u32 q8, $2, 8;
-lop3.b32 t, q8, 0x000F000F, 0x64006400, 0xEA;
-sub.f16x2 h, t, $3;
-fma.rn.f16x2 a, h, $11, a;
-lop3.b32 t, q8, 0x00F000F0, 0x64006400, 0xEA;
-fma.rn.f16x2 h, t, r16, $4;
-fma.rn.f16x2 a, h, $12, a;
-mov.b32 {lo, hi}, a;
-cvt.f32.f16 flo, lo;
-cvt.f32.f16 fhi, hi;
-add.f32 fs, flo, fhi;
-mov.b32 $0, fs;
-}
-""")
+fma.rn.f16x2 a, h, {x3}, a;"""
+_F16X2_DOT16 = tl.constexpr(
+    "{\n.reg .b32 q8, t, h, a, r16;\n.reg .b16 lo, hi;\n.reg .f32 flo, fhi, fs;\nmov.b32 r16, 0x2C002C00;"
+    + _F16X2_DOT16_INT32.format(q="$1", first="mul.rn.f16x2", acc="", x0="$5", x1="$6", x2="$7", x3="$8")
+    + _F16X2_DOT16_INT32.format(q="$2", first="fma.rn.f16x2", acc=", a", x0="$9", x1="$10", x2="$11", x3="$12")
+    + "\nmov.b32 {lo, hi}, a;\ncvt.f32.f16 flo, lo;\ncvt.f32.f16 fhi, hi;\nadd.f32 fs, flo, fhi;\nmov.b32 $0, fs;\n}")
 
 
 @triton.jit
