@@ -512,7 +512,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # rows of its 4 columns (16-byte loads, a thread-local sum over rows). Measured on the H100
 # (scripts/gemv_probe.py --round 3): 2 groups per program was best at K=3584, 4 at K=18944; split-K past
 # ~60 fell off a cliff; NUM_STAGES=2 (the next group's codes copied to shared memory while this one is
-# computed) took 0.5-1.3 us off the best configs, 3 stages lost.
+# computed) took 0.5-1.3 us off the best configs, 3 stages lost. Since two int32 go to each asm call,
+# one stage is slower still (bench_run4.log's sweep: 15.5-23 us against 12.6-15 us with two).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (512, 4, 4, 1),
                  (256, 2, 2, 1), (128, 1, 2, 1)]
 _GEMV_LOCKS: dict = {}
@@ -567,7 +568,7 @@ def int4_gemv_dequant(x: torch.Tensor) -> str:
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              dequant: str | None = None, num_stages: int = 1) -> torch.Tensor:
+              dequant: str | None = None, num_stages: int = 2) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
     Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
@@ -575,7 +576,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
     None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
-    of codes are in flight per program). Call it once (per shape) before
+    of codes are in flight per program; the interpreter ignores it). Call it once (per shape) before
     capturing it in a CUDA graph: autotuning and the fix-up counters happen outside the graph.
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
