@@ -95,11 +95,20 @@ def test_int4_gemv_matches_dequant_reference(split_k):
     assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
     with pytest.raises(ValueError, match="batch 1"):
         kernels.int4_gemv(torch.randn(2, 512).half().to(GEMV_DEVICE), qw, qz, s, 128)
+    with pytest.raises(ValueError, match="power of two"):    # tl.arange needs it: a clear error, not Triton's
+        kernels.int4_gemv(x, qw, qz, s, 96)
+    # the smallest group (one packed row) runs on the exact f32 dequant, wherever it runs
+    packed8 = [t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(torch.randn(64, 32), 8)]
+    y8 = kernels.int4_gemv(x[:, :64], *packed8, 8, block_n=32, split_k=2, dequant="f32")
+    ref8 = x[:, :64].double() @ kernels.dequant_gptq_int4(*packed8, 8).double()
+    assert metrics.relative_l2(y8, ref8) <= metrics.matmul_error_bound(torch.float16, 64)
     if GEMV_DEVICE == "cpu":
         with pytest.raises(ValueError, match="f16x2"):
             kernels.int4_gemv(x, qw, qz, s, 128, dequant="f16x2")   # no inline PTX in the interpreter
     else:
         assert kernels.int4_gemv_dequant(x) == "f16x2"
+        with pytest.raises(ValueError, match="group_size >= 16"):        # f16x2 reads two packed rows at once
+            kernels.int4_gemv(x[:, :64], *packed8, 8)
         exact = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k, dequant="f32")
         assert metrics.relative_l2(exact, ref) <= metrics.matmul_error_bound(torch.float16, 512)
 

@@ -436,13 +436,13 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     computed; 1 loads each group when it is needed."""
     R: tl.constexpr = GROUP // 8
     r8 = tl.arange(0, R)
-    r16 = tl.arange(0, R // 2)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
         z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
         s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
         if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
+            r16 = tl.arange(0, R // 2)                # needs GROUP >= 16 (int4_gemv checks)
             qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
                          eviction_policy="evict_first")       # read once: keep x and the partials in L2
             qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * N + rn[None, :], mask=nmask[None, :],
@@ -476,7 +476,7 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr = 1):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -584,7 +584,9 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(x.shape[1] == K, f"x has K={x.shape[1]} but qweight packs K={K}")
     _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
            "qweight and qzeros must be int32 (GPTQ packing)")
-    _check(K % group_size == 0 and group_size % 8 == 0 and scales.shape == (K // group_size, N),
+    _check(group_size >= 8 and group_size & (group_size - 1) == 0,
+           f"group_size must be a power of two of at least 8 (GPTQ uses 32, 64, 128), got {group_size}")
+    _check(K % group_size == 0 and scales.shape == (K // group_size, N),
            f"scales must be [K/group_size, N] = {(K // group_size, N)}, got {tuple(scales.shape)}")
     _check(N % 8 == 0 and qzeros.shape == (K // group_size, N // 8),
            f"qzeros must be [K/group_size, N/8] = {(K // group_size, N // 8)}, got {tuple(qzeros.shape)}")
@@ -593,6 +595,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(isinstance(num_stages, int) and num_stages >= 1, f"num_stages must be an int >= 1, got {num_stages!r}")
     _check(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
+    _check(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
+           f"the f16x2 dequant needs group_size >= 16, got {group_size}: pass dequant='f32'")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
     if x.data_ptr() % 4:
         x = x.clone()                             # f16x2 reads x as int32 pairs: 4-byte aligned
