@@ -188,6 +188,21 @@ ROUNDS = {
     # a program take more groups (a smaller split-K, a shorter fix-up)?
     3: dict(shipped=True, layouts=((128, 1), (256, 2), (512, 4)), groups_per_program=(2, 3, 4, 6, 8),
             stages=(1, 2, 3)),
+    # Round 4 (H200): the same GEMV takes about the same time on the H100 and on the H200, which has 42 %
+    # more bandwidth: the kernel is held by latency or issue, not by DRAM. More bytes in flight (deeper
+    # stages, more programs: split-K past the shipped cap of 64) is the question; ncu says which.
+    # Answer (round 4a): neither. 3-4 stages lost; split-K 74 took 26 us and 148 took 42 us (the fix-up's
+    # sum is no longer unrolled). ncu (ncu_round4.txt): elapsed cycles, not microseconds, stay put when
+    # the SM clock drops; issue slots 38-43 % busy, 11-14 warps of 64 resident: latency and instruction
+    # bound. Round 4b: x read 16 bytes per row and paired by prmt (_XPAIRS_V4): 80 registers, not 96;
+    # 18944 -> 3584 went from 13.7 to 12.6 us. Threads with 8 columns (block_n = 256 x num_warps) lost.
+    4: dict(shipped=True, layouts=((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4)),
+            groups_per_program=(1, 2, 3, 4), stages=(1, 2, 3), uncapped=True),
+    # Round 5 (H200, not kept): two knobs of the shipped kernel, timed off and on at the best round-4b
+    # configs. HALFSUM (the asm's two fp16 halves added in fp16, one conversion: 0.5 instruction per
+    # packed int32 less) was slower at every config (12.0 -> 12.5 us, 12.4 -> 15.3 us at the best);
+    # PDL (programmatic dependent launch: the next call launches early and prefetches its first group
+    # to L2) was 3-7 us slower. Its log: docs/device-runs/20261123-lab05-kernels-h200/gemv_probe_round5.log.
 }
 
 
@@ -231,8 +246,9 @@ def time_variant(fn, what, cfg, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, devi
 def sweep_shipped(sweep, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device):
     """Round 3: utils.kernels.int4_gemv at fixed (block_n, num_warps, split_k, num_stages); rows appended."""
     ng, best = K // 128, None
+    split = (lambda gpp: triton.cdiv(ng, gpp)) if sweep.get("uncapped") else (lambda gpp: kernels._gemv_split(ng, gpp))
     for bn, nw in sweep["layouts"]:
-        for sk in sorted({kernels._gemv_split(ng, gpp) for gpp in sweep["groups_per_program"]}):
+        for sk in sorted({split(gpp) for gpp in sweep["groups_per_program"]}):
             for ns in sweep["stages"]:
                 cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns)
                 what = f"shipped bn={bn} w={nw} sk={sk} stages={ns}"
@@ -265,14 +281,16 @@ def main():
     out = Path(os.environ.get("OUT", "/tmp"))
     shapes = ((3584, 18944), (18944, 3584))
     if args.ncu:
-        for (K, N), cfg in zip(shapes, json.loads(Path(args.ncu).read_text())):
+        for (K, N), cfgs in zip(shapes, json.loads(Path(args.ncu).read_text())):
             qw, qz, s, wd = shape_setup(K, N, device)
             x = torch.randn(1, K, device=device, dtype=torch.float16)
-            kernels.int4_gemv(x, qw, qz, s, 128)          # the shipped kernel, for comparison
-            if "f16x2" in cfg:                            # rounds 1-2: the probe kernel
-                probe_gemv(x, qw, qz, s, **cfg)
-            else:                                         # round 3: the shipped kernel, fixed config
-                kernels.int4_gemv(x, qw, qz, s, 128, **cfg)
+            for cfg in cfgs if isinstance(cfgs, list) else [cfgs]:   # a config, or a list of them per shape
+                if not cfg:                               # {}: the shipped kernel as autotuned
+                    kernels.int4_gemv(x, qw, qz, s, 128)
+                elif "f16x2" in cfg:                      # rounds 1-2: the probe kernel
+                    probe_gemv(x, qw, qz, s, **cfg)
+                else:                                     # rounds 3-4: the shipped kernel, fixed config
+                    kernels.int4_gemv(x, qw, qz, s, 128, **cfg)
         torch.cuda.synchronize()
         return
     copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
@@ -295,7 +313,7 @@ def main():
             rows.append((K, N, "shipped int4_gemv (default), again", roofline.time_kernel(
                 lambda: kernels.int4_gemv(x, qw, qz, s, 128), "cuda"), qbytes, t_bf, None))   # drift check
         for name, kw in variants(args.round, gpu).items():
-            for bn, nw in sweep["layouts"]:
+            for bn, nw in sweep.get("layouts", ()):
                 nb = triton.cdiv(N, bn)
                 for sk in sorted({max(1, min(K // 128, round(p / nb))) for p in sweep["programs"]}):
                     cfg = dict(kw, block_n=bn, split_k=sk, num_warps=nw)

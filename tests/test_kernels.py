@@ -176,12 +176,14 @@ def test_int4_gemv_gives_the_same_bits_for_every_num_stages():
         kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2, num_stages=0)
 
 
-def test_int4_gemv_takes_an_x_that_is_not_4_byte_aligned():
+@pytest.mark.parametrize("skip", [1, 4])
+def test_int4_gemv_takes_an_x_that_is_not_16_byte_aligned(skip):
+    """The f16x2 path reads x 16 bytes at a time; a view 2 or 8 bytes past alignment must still work."""
     torch.manual_seed(2)
     w = torch.randn(256, 32)
     qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
-    x = torch.randn(1, 257).half().to(GEMV_DEVICE)[:, 1:]       # contiguous, but 2 bytes past alignment
-    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    x = torch.randn(1, 256 + skip).half().to(GEMV_DEVICE)[:, skip:]     # contiguous, but off alignment
+    assert x.is_contiguous() and x.data_ptr() % 16 == 2 * skip
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)

@@ -400,16 +400,30 @@ def _group_dot_f32(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
     return part
 
 
+# One 16-byte load of x[8 row .. 8 row + 7] (four int32: (x0, x1), (x2, x3), (x4, x5), (x6, x7)) and four
+# byte permutes into the pairs the dequant multiplies: (x0, x4), (x1, x5), (x2, x6), (x3, x7). Every thread
+# needs every pair of its rows, so this is per thread and per row. Done with tl.load and bit operations
+# it was four 4-byte loads through the pipeline's shared memory, their addresses and masks: compiled for
+# sm_90 the loop went from 1321 to 1199 instructions per group and 96 to 80 registers, and on the H200
+# the 18944 -> 3584 GEMV from 13.7 to 12.6 us (scripts/gemv_probe.py rounds 4a and 4b).
+_XPAIRS_V4 = tl.constexpr("""{
+.reg .b32 x01, x23, x45, x67;
+ld.global.nc.v4.b32 {x01, x23, x45, x67}, [$4];
+prmt.b32 $0, x01, x45, 0x5410;
+prmt.b32 $1, x01, x45, 0x7632;
+prmt.b32 $2, x23, x67, 0x5410;
+prmt.b32 $3, x23, x67, 0x7632;
+}""")
+
+
 @triton.jit
 def _xpairs(x32, row):
-    """fp16x2 registers (x[8 row + j], x[8 row + j + 4]) for j = 0..3, from four int32 loads of x."""
-    x01 = tl.load(x32 + row * 4)
-    x23 = tl.load(x32 + row * 4 + 1)
-    x45 = tl.load(x32 + row * 4 + 2)
-    x67 = tl.load(x32 + row * 4 + 3)
-    hi = -65536                                   # 0xFFFF0000
-    return (((x01 & 0xFFFF) | (x45 << 16))[:, None], (((x01 >> 16) & 0xFFFF) | (x45 & hi))[:, None],
-            ((x23 & 0xFFFF) | (x67 << 16))[:, None], (((x23 >> 16) & 0xFFFF) | (x67 & hi))[:, None])
+    """fp16x2 registers (x[8 row + j], x[8 row + j + 4]) for j = 0..3, each [len(row), 1]; x32 must be
+    16-byte aligned (int4_gemv copies x if it is not)."""
+    p0, p1, p2, p3 = tl.inline_asm_elementwise(
+        _XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + row * 4).to(tl.int64, bitcast=True)],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    return p0[:, None], p1[:, None], p2[:, None], p3[:, None]
 
 
 @triton.jit
@@ -513,8 +527,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # (scripts/gemv_probe.py --round 3): 2 groups per program was best at K=3584, 4 at K=18944; split-K past
 # ~60 fell off a cliff; NUM_STAGES=2 (the next group's codes copied to shared memory while this one is
 # computed) took 0.5-1.3 us off the best configs, 3 stages lost. Since two int32 go to each asm call,
-# one stage is slower still (bench_run4.log's sweep: 15.5-23 us against 12.6-15 us with two).
-_GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (512, 4, 4, 1),
+# one stage is slower still (bench_run4.log's sweep: 15.5-23 us against 12.6-15 us with two). On the
+# H200 (round 4b, x read 16 bytes per row) one-warp programs with two stages were fastest at both shapes.
+_GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (512, 4, 4, 1),
                  (256, 2, 2, 1), (128, 1, 2, 1)]
 _GEMV_LOCKS: dict = {}
 
@@ -598,8 +613,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
            f"the f16x2 dequant needs group_size >= 16, got {group_size}: pass dequant='f32'")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
-    if x.data_ptr() % 4:
-        x = x.clone()                             # f16x2 reads x as int32 pairs: 4-byte aligned
+    if x.data_ptr() % 16:
+        x = x.clone()                             # f16x2 reads x 16 bytes at a time: 16-byte aligned
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ng = K // group_size
     fixed = interpreted() or block_n is not None or split_k is not None
