@@ -203,6 +203,10 @@ ROUNDS = {
     # packed int32 less) was slower at every config (12.0 -> 12.5 us, 12.4 -> 15.3 us at the best);
     # PDL (programmatic dependent launch: the next call launches early and prefetches its first group
     # to L2) was 3-7 us slower. Its log: docs/device-runs/20261123-lab05-kernels-h200/gemv_probe_round5.log.
+    # Round 6 (H200): block_n < 128 x num_warps spreads each group's rows over the warps (ROW_ACC), so
+    # a program has more warps, and more loads in flight, without more split-K partials to fix up.
+    6: dict(shipped=True, layouts=((128, 1), (128, 2), (128, 4), (256, 2), (256, 4)),
+            groups_per_program=(1, 2, 3, 4, 6), stages=(1, 2, 3)),
 }
 
 

@@ -176,6 +176,21 @@ def test_int4_gemv_gives_the_same_bits_for_every_num_stages():
         kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2, num_stages=0)
 
 
+@pytest.mark.parametrize("num_warps", [1, 2, 4])
+def test_int4_gemv_with_rows_spread_over_warps(num_warps):
+    """block_n = 128 puts one warp across the columns; more warps split the rows of each group between
+    them (ROW_ACC: one sum per row, reduced across warps once at the end). Both orders of summation must
+    give the reference."""
+    torch.manual_seed(5)
+    w = torch.randn(768, 256) * 0.02
+    qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))
+    x = torch.randn(1, 768).half().to(GEMV_DEVICE)
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=128, split_k=2, num_warps=num_warps)
+    assert y.shape == (1, 256) and bool(torch.isfinite(y).all())
+    assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 768)
+
+
 @pytest.mark.parametrize("skip", [1, 4])
 def test_int4_gemv_takes_an_x_that_is_not_16_byte_aligned(skip):
     """The f16x2 path reads x 16 bytes at a time; a view 2 or 8 bytes past alignment must still work."""

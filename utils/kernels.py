@@ -444,13 +444,19 @@ def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
 
 @triton.jit
 def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
-                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr):
+                 GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr,
+                 ROW_ACC: tl.constexpr):
     """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last. NUM_STAGES > 1 lets
     Triton's pipeliner copy the next groups' codes into shared memory (cp.async) while this one is
-    computed; 1 loads each group when it is needed."""
+    computed; 1 loads each group when it is needed. ROW_ACC (when the tile's rows are spread over warps
+    or threads, BLOCK_N < 128 num_warps) keeps one sum per row and reduces across them once, at the end,
+    not once per group."""
     R: tl.constexpr = GROUP // 8
     r8 = tl.arange(0, R)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if ROW_ACC:
+        acc = tl.zeros((R // 2 if F16X2 else R, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
         z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
@@ -466,8 +472,15 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
             q = tl.load(qw_ptr + (g * R + r8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
                         eviction_policy="evict_first")
             part = _group_dot_f32(q, z, x_ptr, g, r8, GROUP)
-        acc += tl.sum(part, axis=0) * s
-    return acc
+        if ROW_ACC:
+            acc += part * s[None, :]
+        else:
+            acc += tl.sum(part, axis=0) * s
+    if ROW_ACC:
+        out = tl.sum(acc, axis=0)
+    else:
+        out = acc
+    return out
 
 
 @triton.jit
@@ -490,13 +503,13 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                     NUM_STAGES)
+                     NUM_STAGES, ROW_ACC)
     last = True
     if SPLIT_K > 1:
         # split-K fix-up in the same kernel: partials to a workspace; the last program of this column
@@ -548,8 +561,8 @@ def _gemv_prune(configs, named_args, **kwargs):
                c.kwargs["NUM_STAGES"])
         if key not in seen:
             seen.add(key)
-            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3]},
-                                     num_warps=key[1], num_stages=1))
+            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3],
+                                      "ROW_ACC": key[0] < 128 * key[1]}, num_warps=key[1], num_stages=1))
     return out
 
 
@@ -629,7 +642,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            NUM_STAGES=num_stages, num_warps=num_warps, num_stages=1)
+            NUM_STAGES=num_stages, ROW_ACC=block_n < 128 * num_warps, num_warps=num_warps, num_stages=1)
     else:
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
