@@ -541,9 +541,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # ~60 fell off a cliff; NUM_STAGES=2 (the next group's codes copied to shared memory while this one is
 # computed) took 0.5-1.3 us off the best configs, 3 stages lost. Since two int32 go to each asm call,
 # one stage is slower still (bench_run4.log's sweep: 15.5-23 us against 12.6-15 us with two). On the
-# H200 (round 4b, x read 16 bytes per row) one-warp programs with two stages were fastest at both shapes.
-_GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (512, 4, 4, 1),
-                 (256, 2, 2, 1), (128, 1, 2, 1)]
+# H200 (round 4b, x read 16 bytes per row) one-warp programs with two stages were fastest at both shapes;
+# in round 6 two warps splitting the rows of 128 columns (ROW_ACC) were 0.2-0.3 us faster at K=18944.
+_GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
+                 (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1)]
 _GEMV_LOCKS: dict = {}
 
 
