@@ -205,8 +205,15 @@ ROUNDS = {
     # to L2) was 3-7 us slower. Its log: docs/device-runs/20261123-lab05-kernels-h200/gemv_probe_round5.log.
     # Round 6 (H200): block_n < 128 x num_warps spreads each group's rows over the warps (ROW_ACC), so
     # a program has more warps, and more loads in flight, without more split-K partials to fix up.
+    # Answer: a little, at K=18944 only (12.2 against 12.5 us: two warps, split 37); both kept as configs.
     6: dict(shipped=True, layouts=((128, 1), (128, 2), (128, 4), (256, 2), (256, 4)),
             groups_per_program=(1, 2, 3, 4, 6), stages=(1, 2, 3)),
+    # Round 7 (H200, not kept): the group loop unrolled twice (tl.range's loop_unroll_factor=2, as a
+    # constexpr UNROLL: two groups' loads and math interleaved, 128 registers) at the best configs of
+    # rounds 4b and 6. With one stage it helped (14.4 -> 12.6 us, 13.1 -> 12.6 us), with two it lost
+    # (12.0 -> 15.6 us); the best of all, 11.9 us at 18944 -> 3584 (128 columns, 2 warps, split 37, one
+    # stage), was 0.3 us off the same config unrolled once: not worth a fifth autotune knob.
+    # gemv_probe_round7.log in the H200 run folder.
 }
 
 
