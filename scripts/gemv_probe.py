@@ -193,7 +193,7 @@ ROUNDS = {
     # stages, more programs: split-K past the shipped cap of 64) is the question; ncu says which.
     # Answer (round 4a): neither. 3-4 stages lost; split-K 74 took 26 us and 148 took 42 us (the fix-up's
     # sum is no longer unrolled). ncu (ncu_round4.txt): elapsed cycles, not microseconds, stay put when
-    # the SM clock drops; issue slots 38-43 % busy, 11-14 warps of 64 resident: latency and instruction
+    # the SM clock drops; issue slots 34-43 % busy, 8-14 warps of 64 resident: latency and instruction
     # bound. Round 4b: x read 16 bytes per row and paired by prmt (_XPAIRS_V4): 80 registers, not 96;
     # 18944 -> 3584 went from 13.7 to 12.6 us. Threads with 8 columns (block_n = 256 x num_warps) lost.
     4: dict(shipped=True, layouts=((128, 1), (256, 2), (512, 4), (256, 1), (512, 2), (1024, 4)),
