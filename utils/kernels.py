@@ -405,7 +405,7 @@ def _group_dot_f32(q, z, x_ptr, g, r8, GROUP: tl.constexpr):
 # needs every pair of its rows, so this is per thread and per row. Done with tl.load and bit operations
 # it was four 4-byte loads through the pipeline's shared memory, their addresses and masks: compiled for
 # sm_90 the loop went from 1321 to 1199 instructions per group and 96 to 80 registers, and on the H200
-# the 18944 -> 3584 GEMV from 13.7 to 12.6 us (scripts/gemv_probe.py rounds 4a and 4b).
+# the 18944 -> 3584 GEMV from 13.7 to 12.4-12.6 us (scripts/gemv_probe.py rounds 4a and 4b).
 _XPAIRS_V4 = tl.constexpr("""{
 .reg .b32 x01, x23, x45, x67;
 ld.global.nc.v4.b32 {x01, x23, x45, x67}, [$4];
