@@ -116,7 +116,7 @@ def test_int4_gemv_matches_dequant_reference(split_k):
 def test_int4_gemv_stays_right_where_fp16_products_overflow():
     """|x| ~ 4000 with small weights: y fits fp16, but 8 x 8 x |x| does not, so the f16x2 dequant
     (the GPU default) overflows and must redo the block in fp32. On the CPU the f32 dequant runs and
-    this checks the reference path; scripts/device_probes.sh runs this file on the GPU."""
+    this checks the reference path; scripts/device_bench.sh runs it on the GPU."""
     torch.manual_seed(1)
     w = torch.randn(256, 64) * 1e-3
     qw, qz, s = (t.to(GEMV_DEVICE) for t in kernels.pack_gptq_int4(w, 128))

@@ -548,6 +548,12 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 _GEMV_LOCKS: dict = {}
 
 
+def _gemv_row_acc(block_n: int, num_warps: int) -> bool:
+    """ROW_ACC for a tile: one warp's 32 threads x 4 columns cover 128 columns, so a narrower tile
+    spreads each group's rows over warps (or threads) and keeps one sum per row."""
+    return block_n < 128 * num_warps
+
+
 def _gemv_split(ng: int, groups_per_program: int) -> int:
     """split-K for a K of ng groups: programs of ~groups_per_program groups, at most 64 of them."""
     return triton.cdiv(ng, max(groups_per_program, triton.cdiv(ng, 64)))
@@ -563,7 +569,7 @@ def _gemv_prune(configs, named_args, **kwargs):
         if key not in seen:
             seen.add(key)
             out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3],
-                                      "ROW_ACC": key[0] < 128 * key[1]}, num_warps=key[1], num_stages=1))
+                                      "ROW_ACC": _gemv_row_acc(key[0], key[1])}, num_warps=key[1], num_stages=1))
     return out
 
 
@@ -643,7 +649,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            NUM_STAGES=num_stages, ROW_ACC=block_n < 128 * num_warps, num_warps=num_warps, num_stages=1)
+            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1)
     else:
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
