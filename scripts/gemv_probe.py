@@ -214,6 +214,15 @@ ROUNDS = {
     # (12.0 -> 15.6 us); the best of all, 11.9 us at 18944 -> 3584 (128 columns, 2 warps, split 37, one
     # stage), was 0.3 us off the same config unrolled once: not worth a fifth autotune knob.
     # gemv_probe_round7.log in the H200 run folder.
+    # Round 8 (H200, not kept): x's loads are plain ld.global (the pipeliner copies only the codes, zeros
+    # and scales ahead), so a group's first x load may wait an L2 round trip before its math: the
+    # long-scoreboard stalls? A constexpr PREFETCH_X asked L1 for every group's x at the program's start
+    # (prefetch.global.L1, three lines per group; CCTL.E.PF1 in the SASS), timed off and on at 3 tiles x
+    # 2-3 splits x 1-2 stages at both shapes. No direction: of 30 pairs, 10 faster (by 0.2-0.6 us), 16
+    # slower (0.3-1.6 us), 4 within 0.1 us; best 11.8 us at 18944 -> 3584 (128 columns, 2 warps, split
+    # 37, one stage) against 12.4 us without, but its two-stage twin 12.8 against 12.4. The shipped
+    # default, timed twice in the run, moved 0.2 us: about the size of the remaining gap to the targets.
+    # gemv_probe_round8.log and .md in the H200 run folder.
 }
 
 

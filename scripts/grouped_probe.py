@@ -6,7 +6,7 @@ per SM walking every group's tiles) close the gap to a torch.matmul loop at a fe
 Round 1 (docs/device-runs/20261123-lab05-kernels-h100/grouped_probe.log) compared TMA loads with
 pointer loads; TMA won and is now utils.kernels' path on Hopper ("shipped" below). Round 2: the
 persistent variant, same TMA descriptors (B viewed as [G*K, N], K a multiple of BLOCK_K); 0.95x the
-loop at 8 x 2048 rows. Round 3 (the CONFIGS below): Triton 3.6's automatic warp specialization on
+loop at 8 x 2048 rows. Round 3 (CONFIGS_ROUND3 below): Triton 3.6's automatic warp specialization on
 sm_90 (tl.range(warp_specialize=True) with num_warps=4: a producer warp group for the TMA loads, two
 consumer warp groups for the wgmma), on a persistent kernel shaped like Triton's tutorial 09.
 """
@@ -109,6 +109,53 @@ def _grouped_ws_persistent_kernel(a, b, c_ptr, offs_ptr, G, N, K, scm, scn, MAX_
         tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _grouped_tma_fixed_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              GROUP_M: tl.constexpr, TMA_STORE: tl.constexpr):
+    """utils.kernels._grouped_tma_kernel, and with TMA_STORE its tile written by one bulk TMA store
+    through a descriptor made here whose rows end at the group's end (TMA drops the rows past it), in
+    place of 128 x 256 masked pointer stores (round 4)."""
+    g = tl.program_id(1)
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    end = tl.load(offs_ptr + g)
+    Mg = end - start
+    pid = tl.program_id(0)
+    num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    if pid < num_m * num_n:
+        pid_m, pid_n = kernels._tile_of(pid, num_m, num_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            a = a_desc.load([start + pid_m * BLOCK_M, k])
+            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        if TMA_STORE:
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[end, N], strides=[scm, 1],
+                                               block_shape=[BLOCK_M, BLOCK_N])
+            c_desc.store([start + pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        else:
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (rm < Mg)[:, None] & (rn < N)[None, :]
+            tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty),
+                     mask=mask)
+
+
+def grouped_tma_fixed(a, b, offs, max_rows, BM, BN, BK, stages, warps, tma_store=False, GM=8):
+    """The non-persistent TMA kernel at one config (no autotuning), optionally with the TMA-store epilogue."""
+    G, K, N = b.shape
+    assert K % BK == 0 and a.is_contiguous() and b.is_contiguous()
+    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, device=a.device, dtype=torch.int8))
+    a_desc = TensorDescriptor.from_tensor(a, [BM, BK])
+    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN])
+    grid = (triton.cdiv(max_rows, BM) * triton.cdiv(N, BN), G)
+    _grouped_tma_fixed_kernel[grid](a_desc, b_desc, c, offs, N, K, c.stride(0), c.stride(1), BLOCK_M=BM,
+                                    BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GM, TMA_STORE=tma_store,
+                                    num_stages=stages, num_warps=warps)
+    return c
+
+
 def _persistent_launch(kernel, a, b, offs, max_rows, BM, BN, BK, stages, warps, GM, device_desc=False,
                        **constexprs):
     """Launch a persistent kernel taking (a, b, c, offs, G, N, K, ...): one program per SM; a and b as
@@ -150,11 +197,29 @@ def grouped_tma_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, GM=8
 # tl.range(0, K, BLOCK_K, warp_specialize=True), (128, 256, 64, 3, 4), compiled (12 warps) but never
 # finished at 8 x 2048 rows (killed by the probe's timeout), so that knob is gone and each config now
 # runs in its own time-limited process.
-CONFIGS = [("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 3, 8, False)),
+CONFIGS_ROUND3 = [("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 3, 8, False)),
            ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (128, 256, 64, 3, 4, True)),
            ("persistent, device descriptors, warp-specialized, no offs loads (uniform groups only)",
             grouped_ws_devdesc, (128, 256, 64, 3, 4, True, True)),
            ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (256, 128, 64, 3, 4, True))]
+# Round 4 (H200): at 8 x 2048 rows the grid is 2048 tiles of 128 x 256, one CTA per SM (its
+# accumulator takes the registers), so each tile's epilogue (128 x 256 masked stores) and pipeline fill
+# run with nothing beside them. Two ways to shrink that: a bulk TMA store of the tile, and tiles small
+# enough that two CTAs share an SM (128 x 128, 4 warps, 3 stages: 96 KiB of shared memory each); and
+# BLOCK_K 128 (half the K iterations, two stages).
+CONFIGS = [("TMA", grouped_tma_fixed, (128, 256, 64, 3, 8, False)),
+           ("TMA, TMA store", grouped_tma_fixed, (128, 256, 64, 3, 8, True)),
+           ("TMA, TMA store", grouped_tma_fixed, (256, 128, 64, 3, 8, True)),
+           ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 4, False)),
+           ("TMA, TMA store", grouped_tma_fixed, (128, 128, 64, 3, 4, True)),
+           ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 8, False)),
+           ("TMA", grouped_tma_fixed, (128, 256, 128, 2, 8, False)),
+           ("TMA, TMA store", grouped_tma_fixed, (128, 256, 128, 2, 8, True))]
+# Answer (grouped_probe_round4.log in the H200 run folder; the loop 676 TFLOP/s at 8 x 2048 rows): none.
+# 128 x 256 x 64 with pointer stores 647 TFLOP/s (0.96x), with the TMA store 642 (0.95x); 256 x 128 with
+# the TMA store 628 (0.93x); two CTAs per SM of 128 x 128 tiles 583-590 (0.86-0.87x, the smaller tile's
+# lower reuse costs more than the overlap gains); BLOCK_K 128 with two stages 508-529 (0.75-0.78x). At
+# 8 x 512 and 64 x 128 rows the 128 x 256 tile with either store stays at 1.04x and 3.50-3.53x.
 # Round 3a (same H100 lease as the first GEMV round 3) timed out in the non-persistent warp-specialized
 # kernel; round 3b (docs/device-runs/20261123-lab05-kernels-h100/grouped_probe_round3b.log) found
 # ("persistent TMA, tiles then K", grouped_ws_persistent, (128, 256, 64, 3, 8, False)) at 0.92x the loop
