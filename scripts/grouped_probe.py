@@ -94,11 +94,7 @@ def _grouped_ws_persistent_kernel(a, b, c_ptr, offs_ptr, G, N, K, scm, scn, MAX_
         else:
             start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
         pid_m, pid_n = kernels._tile_of(tile % per_group, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a_tile = a_desc.load([start + pid_m * BLOCK_M, k])
-            b_tile = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a_tile, b_tile, acc)
+        acc = kernels._tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
         if UNIFORM:
             Mg = MAX_ROWS
         else:
@@ -117,20 +113,14 @@ def _grouped_tma_fixed_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn,
     through a descriptor made here whose rows end at the group's end (TMA drops the rows past it), in
     place of 128 x 256 masked pointer stores (round 4)."""
     g = tl.program_id(1)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    end = tl.load(offs_ptr + g)
-    Mg = end - start
+    start, Mg = kernels._group_rows(offs_ptr, g)
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:
         pid_m, pid_n = kernels._tile_of(pid, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = a_desc.load([start + pid_m * BLOCK_M, k])
-            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
+        acc = kernels._tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
         if TMA_STORE:
-            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[end, N], strides=[scm, 1],
+            c_desc = tl.make_tensor_descriptor(c_ptr, shape=[start + Mg, N], strides=[scm, 1],
                                                block_shape=[BLOCK_M, BLOCK_N])
             c_desc.store([start + pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
         else:

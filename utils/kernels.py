@@ -148,13 +148,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, input_precision: str | None = None,
 
 # --------------------------------------------------------------------------------- grouped GEMM
 @triton.jit
+def _group_rows(offs_ptr, g):
+    """(first row, number of rows) of group g, from the int32 cumulative row ends offs."""
+    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
+    return start, tl.load(offs_ptr + g) - start
+
+
+@triton.jit
 def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn, scm, scn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr):
     g = tl.program_id(1)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    end = tl.load(offs_ptr + g)
-    Mg = end - start
+    start, Mg = _group_rows(offs_ptr, g)
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:                      # programs past this group's tiles do nothing
@@ -183,6 +188,18 @@ _grouped_tuned = triton.autotune(configs=_gpu_configs(None), key=["N", "K"],
 
 
 @triton.jit
+def _tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """fp32 [BLOCK_M, BLOCK_N] tile (pid_m, pid_n) of group g (rows from start) through TMA descriptors."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = a_desc.load([start + pid_m * BLOCK_M, k])
+        b = b_desc.load([g * K + k, pid_n * BLOCK_N])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROWS,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr):
@@ -190,17 +207,12 @@ def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROW
     A tile may read rows past its group's end (the next group's, or TMA's zero fill): they are never
     stored. B is viewed as [G*K, N], so K must be a multiple of BLOCK_K (the wrapper checks)."""
     g = tl.program_id(1)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    Mg = tl.load(offs_ptr + g) - start
+    start, Mg = _group_rows(offs_ptr, g)
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:
         pid_m, pid_n = _tile_of(pid, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            a = a_desc.load([start + pid_m * BLOCK_M, k])
-            b = b_desc.load([g * K + k, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc)
+        acc = _tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rm < Mg)[:, None] & (rn < N)[None, :]
