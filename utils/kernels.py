@@ -157,7 +157,7 @@ def _group_rows(offs_ptr, g):
 @triton.jit
 def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn, scm, scn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    GROUP_M: tl.constexpr):
+                    GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
     g = tl.program_id(1)
     start, Mg = _group_rows(offs_ptr, g)
     pid = tl.program_id(0)
@@ -175,7 +175,7 @@ def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn
             kmask = rk < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
-            acc = tl.dot(a, b, acc)
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
             a_ptrs += BLOCK_K * sak
             b_ptrs += BLOCK_K * sbk
         mask = (rm < Mg)[:, None] & (rn < N)[None, :]
@@ -251,13 +251,14 @@ def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
 
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int | None = None,
-                   config: dict | None = None, tma: bool = True) -> torch.Tensor:
+                   config: dict | None = None, tma: bool = True, input_precision: str | None = None) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g] for every group g, in one launch.
 
     a: [sum M_g, K]; b: [G, K, N]; offs: int32 [G] cumulative row ends. max_rows (the largest
     group) sizes the grid; given, it saves reading offs back to the host. On Hopper-class GPUs (and 16-bit
     data, K % 64 == 0) A and B are read through TMA descriptors unless tma=False; elsewhere, and with a
-    fixed config, through pointers.
+    fixed config, through pointers. input_precision as in matmul: None is "ieee" for fp32 (tl.dot's own
+    default on a GPU is tf32, which would give fp32 inputs a 10-bit mantissa without saying so).
     """
     _check(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
            f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -265,6 +266,8 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
            f"offs must be int32 of length G={b.shape[0]} (cumulative row ends), got {offs.dtype} {tuple(offs.shape)}")
     _check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
+    _check(input_precision is None or input_precision in INPUT_PRECISIONS,
+           f"input_precision must be one of {INPUT_PRECISIONS} or None, got {input_precision!r}")
     if interpreted():
         _check(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
     G, K, N = b.shape
@@ -276,11 +279,12 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     args = (a, b, c, offs, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
             c.stride(0), c.stride(1))
+    prec = input_precision or "ieee"
     if interpreted() or config is not None:
         cfg = dict(config or _small_config(max_rows, N, K))
         kw = {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
         grid = (triton.cdiv(max(max_rows, 1), cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), G)
-        _grouped_kernel[grid](*args, **cfg, **kw)
+        _grouped_kernel[grid](*args, PRECISION=prec, **cfg, **kw)
     elif tma and _tma_ok(a, b):
         from triton.tools.tensor_descriptor import TensorDescriptor
         a_desc = TensorDescriptor.from_tensor(a, [128, 64])          # block shapes set per config
@@ -289,7 +293,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
         _grouped_tma_tuned[grid](a_desc, b_desc, c, offs, N, K, c.stride(0), c.stride(1), max_rows)
     else:
         grid = lambda m: (triton.cdiv(max(max_rows, 1), m["BLOCK_M"]) * triton.cdiv(N, m["BLOCK_N"]), G)  # noqa: E731
-        _grouped_tuned[grid](*args)
+        _grouped_tuned[grid](*args, PRECISION=prec)
     return c
 
 
