@@ -5,8 +5,8 @@ import torch
 from utils import gptq, kernels, metrics, roofline
 
 # Where Triton runs: the CPU under TRITON_INTERPRET=1 (the default here, tests/conftest.py; CI) and the GPU
-# when TRITON_INTERPRET=0 on a CUDA box (scripts/device_bench.sh runs the GEMV tests there, with the f16x2
-# dequant and its fp32 fallback): the same assertions, on compiled kernels.
+# with TRITON_INTERPRET=0 on a CUDA box (scripts/device_bench.sh runs this file there; the GEMV's f16x2
+# dequant and its fp32 fallback run only there): the same assertions, on compiled kernels.
 DEVICE = "cpu" if kernels.interpreted() else "cuda"
 
 
