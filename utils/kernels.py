@@ -25,6 +25,14 @@ from . import gptq
 INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
+def _precision(input_precision: str | None) -> str:
+    """tl.dot's input_precision for matmul and grouped_matmul: "ieee" when None (tl.dot's own default on a
+    GPU is tf32, which would give fp32 inputs a 10-bit mantissa without saying so)."""
+    _check(input_precision is None or input_precision in INPUT_PRECISIONS,
+           f"input_precision must be one of {INPUT_PRECISIONS} or None, got {input_precision!r}")
+    return input_precision or "ieee"
+
+
 def interpreted() -> bool:
     """True when Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -122,8 +130,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, input_precision: str | None = None,
            f"a and b must be 2-D with a.shape[1] == b.shape[0], got {tuple(a.shape)} @ {tuple(b.shape)}")
     _check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
-    _check(input_precision is None or input_precision in INPUT_PRECISIONS,
-           f"input_precision must be one of {INPUT_PRECISIONS} or None, got {input_precision!r}")
+    prec = _precision(input_precision)
     _check(acc_dtype in (torch.float32, torch.float16) and (acc_dtype == torch.float32 or a.dtype == torch.float16),
            "acc_dtype must be torch.float32, or torch.float16 with fp16 inputs")
     _check(a.device == b.device, f"a is on {a.device}, b on {b.device}: put both on one device")
@@ -133,7 +140,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, input_precision: str | None = None,
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    prec = input_precision or "ieee"
     args = (a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     if interpreted() or config is not None:
         cfg = dict(config or _small_config(M, N, K))
@@ -257,8 +263,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
     a: [sum M_g, K]; b: [G, K, N]; offs: int32 [G] cumulative row ends. max_rows (the largest
     group) sizes the grid; given, it saves reading offs back to the host. On Hopper-class GPUs (and 16-bit
     data, K % 64 == 0) A and B are read through TMA descriptors unless tma=False; elsewhere, and with a
-    fixed config, through pointers. input_precision as in matmul: None is "ieee" for fp32 (tl.dot's own
-    default on a GPU is tf32, which would give fp32 inputs a 10-bit mantissa without saying so).
+    fixed config, through pointers. input_precision as in matmul (None is "ieee", _precision says why).
     """
     _check(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
            f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -266,8 +271,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
            f"offs must be int32 of length G={b.shape[0]} (cumulative row ends), got {offs.dtype} {tuple(offs.shape)}")
     _check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
-    _check(input_precision is None or input_precision in INPUT_PRECISIONS,
-           f"input_precision must be one of {INPUT_PRECISIONS} or None, got {input_precision!r}")
+    prec = _precision(input_precision)
     if interpreted():
         _check(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
     G, K, N = b.shape
@@ -279,7 +283,6 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     args = (a, b, c, offs, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
             c.stride(0), c.stride(1))
-    prec = input_precision or "ieee"
     if interpreted() or config is not None:
         cfg = dict(config or _small_config(max_rows, N, K))
         kw = {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
