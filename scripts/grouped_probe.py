@@ -1,12 +1,12 @@
 """Grouped GEMM experiments for issue 8 (a bench, not a test): does a persistent kernel (one program
 per SM walking every group's tiles) close the gap to a torch.matmul loop at a few large groups?
 
-    python scripts/grouped_probe.py        # GPU (sm_90); prints a table
+    python scripts/grouped_probe.py [--round 4]      # GPU (sm_90); prints a table of that round's configs
 
 Round 1 (docs/device-runs/20261123-lab05-kernels-h100/grouped_probe.log) compared TMA loads with
 pointer loads; TMA won and is now utils.kernels' path on Hopper ("shipped" below). Round 2: the
 persistent variant, same TMA descriptors (B viewed as [G*K, N], K a multiple of BLOCK_K); 0.95x the
-loop at 8 x 2048 rows. Round 3 (CONFIGS_ROUND3 below): Triton 3.6's automatic warp specialization on
+loop at 8 x 2048 rows. Round 3 (ROUNDS[3] below): Triton 3.6's automatic warp specialization on
 sm_90 (tl.range(warp_specialize=True) with num_warps=4: a producer warp group for the TMA loads, two
 consumer warp groups for the wgmma), on a persistent kernel shaped like Triton's tutorial 09.
 """
@@ -187,24 +187,24 @@ def grouped_tma_persistent(a, b, offs, max_rows, BM, BN, BK, stages, warps, GM=8
 # tl.range(0, K, BLOCK_K, warp_specialize=True), (128, 256, 64, 3, 4), compiled (12 warps) but never
 # finished at 8 x 2048 rows (killed by the probe's timeout), so that knob is gone and each config now
 # runs in its own time-limited process.
-CONFIGS_ROUND3 = [("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 3, 8, False)),
-           ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (128, 256, 64, 3, 4, True)),
-           ("persistent, device descriptors, warp-specialized, no offs loads (uniform groups only)",
-            grouped_ws_devdesc, (128, 256, 64, 3, 4, True, True)),
-           ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (256, 128, 64, 3, 4, True))]
+ROUNDS = {3: [("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 3, 8, False)),
+              ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (128, 256, 64, 3, 4, True)),
+              ("persistent, device descriptors, warp-specialized, no offs loads (uniform groups only)",
+               grouped_ws_devdesc, (128, 256, 64, 3, 4, True, True)),
+              ("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (256, 128, 64, 3, 4, True))]}
 # Round 4 (H200): at 8 x 2048 rows the grid is 2048 tiles of 128 x 256, one CTA per SM (its
 # accumulator takes the registers), so each tile's epilogue (128 x 256 masked stores) and pipeline fill
 # run with nothing beside them. Two ways to shrink that: a bulk TMA store of the tile, and tiles small
 # enough that two CTAs share an SM (128 x 128, 4 warps, 3 stages: 96 KiB of shared memory each); and
 # BLOCK_K 128 (half the K iterations, two stages).
-CONFIGS = [("TMA", grouped_tma_fixed, (128, 256, 64, 3, 8, False)),
-           ("TMA, TMA store", grouped_tma_fixed, (128, 256, 64, 3, 8, True)),
-           ("TMA, TMA store", grouped_tma_fixed, (256, 128, 64, 3, 8, True)),
-           ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 4, False)),
-           ("TMA, TMA store", grouped_tma_fixed, (128, 128, 64, 3, 4, True)),
-           ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 8, False)),
-           ("TMA", grouped_tma_fixed, (128, 256, 128, 2, 8, False)),
-           ("TMA, TMA store", grouped_tma_fixed, (128, 256, 128, 2, 8, True))]
+ROUNDS[4] = [("TMA", grouped_tma_fixed, (128, 256, 64, 3, 8, False)),
+             ("TMA, TMA store", grouped_tma_fixed, (128, 256, 64, 3, 8, True)),
+             ("TMA, TMA store", grouped_tma_fixed, (256, 128, 64, 3, 8, True)),
+             ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 4, False)),
+             ("TMA, TMA store", grouped_tma_fixed, (128, 128, 64, 3, 4, True)),
+             ("TMA", grouped_tma_fixed, (128, 128, 64, 3, 8, False)),
+             ("TMA", grouped_tma_fixed, (128, 256, 128, 2, 8, False)),
+             ("TMA, TMA store", grouped_tma_fixed, (128, 256, 128, 2, 8, True))]
 # Answer (grouped_probe_round4.log in the H200 run folder; the loop 676 TFLOP/s at 8 x 2048 rows): none.
 # 128 x 256 x 64 with pointer stores 647 TFLOP/s (0.96x), with the TMA store 642 (0.95x); 256 x 128 with
 # the TMA store 628 (0.93x); two CTAs per SM of 128 x 128 tiles 583-590 (0.86-0.87x, the smaller tile's
@@ -220,9 +220,10 @@ CONFIGS = [("TMA", grouped_tma_fixed, (128, 256, 64, 3, 8, False)),
 SHAPES = [(8, 2048, 4096, 4096), (8, 512, 4096, 4096), (64, 128, 2048, 1408)]
 
 
-def time_config(index: int):
-    """Time CONFIGS[index] at every shape (one line each); run in a child process, so a hang is bounded."""
-    name, fn, cfg = CONFIGS[index]
+def time_config(round_: int, index: int):
+    """Time ROUNDS[round_][index] at every shape (one line each); run in a child process, so a hang is
+    bounded."""
+    name, fn, cfg = ROUNDS[round_][index]
     for G, m, K, N in SHAPES:
         dt = torch.bfloat16
         a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
@@ -240,9 +241,14 @@ def time_config(index: int):
 
 
 def main():
+    import argparse
     import subprocess
-    if len(sys.argv) == 3 and sys.argv[1] == "--config":
-        return time_config(int(sys.argv[2]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=max(ROUNDS), help="which round's configs")
+    ap.add_argument("--config", type=int, help=argparse.SUPPRESS)    # the child process: one config
+    args = ap.parse_args()
+    if args.config is not None:
+        return time_config(args.round, args.config)
     print(torch.cuda.get_device_name(0), "triton", triton.__version__, flush=True)
     print("| groups | kernel | TFLOP/s | x loop |\n|---|---|---|---|")
     for G, m, K, N in SHAPES:
@@ -254,9 +260,10 @@ def main():
         print(f"| {G}x{m}x{K}x{N} | torch.matmul loop | {flop / t_loop / 1e12:.0f} | 1.00 |\n"
               f"| {G}x{m}x{K}x{N} | shipped grouped_matmul (autotuned) | {flop / t_ship / 1e12:.0f} | "
               f"{t_loop / t_ship:.2f} |", flush=True)
-    for i, (name, _, cfg) in enumerate(CONFIGS):
+    for i, (name, _, cfg) in enumerate(ROUNDS[args.round]):
         try:
-            subprocess.run([sys.executable, __file__, "--config", str(i)], timeout=45, check=False)
+            subprocess.run([sys.executable, __file__, "--round", str(args.round), "--config", str(i)], timeout=45,
+                           check=False)
         except subprocess.TimeoutExpired:
             print(f"  {name} {cfg}: no result in 45 s (a hang?)", flush=True)
 
