@@ -18,6 +18,7 @@ Knobs of the one experimental kernel below (utils.kernels keeps what wins):
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -147,6 +148,140 @@ def _probe_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
         tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
 
 
+# Round 9's kernel (not kept, see ROUNDS[9]): an Int4 GEMV on the tensor cores ("mma").
+# The shipped f16x2 dot (utils.kernels._F16X2_DOT16) spends about two instructions per weight (dequant, fp16 products, fp32 sums); the
+# GEMV is issue- and latency-bound, not DRAM-bound (README, "Lab 05 kernels on the lent GPU"). Here
+# the products and sums go to mma.sync (m16n8k16, fp16 in, fp32 out): a tensor-core instruction does
+# what 16 FMAs per lane did. A batch-1 GEMV fills one of the mma's eight B columns with real work, so
+# the mma is 1/8 useful; tensor cores have far more than 8x the throughput the GEMV needs.
+#
+# Layout: the mma wants lane (g, t) = (lane / 4, lane % 4) to hold A's rows g and g + 8 at k = 2t, 2t+1,
+# 2t+8, 2t+9. Triton's load gives lane L the 16 bytes at positions 4L..4L+3 of a row. So position p
+# is mapped to column 4 (p // 16) + p % 4 and packed row (p // 4) % 4: the four lanes t of a group g
+# hold the SAME four columns at four consecutive packed rows (32 values of K) -- exactly the k split
+# the mma wants, K reordered within those 32 (the dot does not care; x is loaded in the same order).
+# One call (pack = 4 reps words) does 2 mma per pair of columns: A = the nibbles as fp16 1024 + n
+# (nibbles 0, 4, 2, 6; Marlin's lop3 with the magic number 0x6400) or 1024 + 16 n (nibbles 1, 5, 3, 7,
+# not shifted), B = (x_k, x_k+4) pairs, those for the 16 n terms divided by 16 in fp16. No subtraction
+# per weight: sum (1024 + n) x = 1024 sum x + sum n x, so per group and column the kernel subtracts
+# 1024 S_even + 64 S_odd + z (S_even + S_odd) once (S: sums of x over the group's even / odd k). The
+# products are exact in fp32 (fp16 x fp16), the sums fp32; the big 1024 x terms cost ~2^-13 relative
+# per group, against fp16x2's 2^-11 per product.
+# Why it was not kept, besides speed: it is right only if Triton hands the asm lane L positions
+# 4L..4L+3, and nothing in Triton promises that layout. At GROUP 256 with block_n 64 (the x load of
+# [GROUP] fp16 and the [4 block_n] tile had one shape) it chose 8 positions per thread and the GEMV was
+# wrong (relative L2 0.77). Doing this properly takes explicit layouts (Gluon), not a guess.
+
+
+def _mma_dot_asm(rows: int) -> str:
+    """PTX for one call over `rows` x 4 packed rows: $0..$3 = fp32 sums (bits) over their K for this lane
+    group's 4 columns; $4.. = the int32 codes, 4 per row (a lane's 4 columns); then x's address at
+    the first packed row (4 copies, pack=4). The mma accumulates across the rows."""
+    lines = ["{", ".reg .b32 x01, x23, x45, x67, X0, X1, X2, X3, r16, l, q8;", ".reg .f32 z;", ".reg .b64 xa;",
+             ".reg .b32 " + ", ".join(f"p{i}_{j}" for i in range(4) for j in range(4)) + ";",
+             ".reg .f32 " + ", ".join(f"d{c}_{j}" for c in range(2) for j in range(4)) + ";",
+             "mov.u32 l, %laneid;", "and.b32 l, l, 3;", f"mad.wide.u32 xa, l, 16, ${4 + 4 * rows};",
+             "mov.b32 r16, 0x2C002C00;", "mov.f32 z, 0f00000000;"]
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    for r in range(rows):
+        lines += [f"ld.global.nc.v4.b32 {{x01, x23, x45, x67}}, [xa+{64 * r}];",   # x[8 row .. 8 row + 7]
+                  "prmt.b32 X0, x01, x45, 0x5410;", "prmt.b32 X1, x01, x45, 0x7632;",
+                  "prmt.b32 X2, x23, x67, 0x5410;", "prmt.b32 X3, x23, x67, 0x7632;",
+                  "mul.rn.f16x2 X1, X1, r16;", "mul.rn.f16x2 X3, X3, r16;"]       # x / 16 for the 16 n terms
+        for i in range(4):
+            q = f"${4 + 4 * r + i}"
+            lines += [f"lop3.b32 p{i}_0, {q}, 0x000F000F, 0x64006400, 0xEA;",     # nibbles 0, 4: 1024 + n
+                      f"lop3.b32 p{i}_1, {q}, 0x00F000F0, 0x64006400, 0xEA;",     # 1, 5: 1024 + 16 n
+                      f"shr.u32 q8, {q}, 8;",
+                      f"lop3.b32 p{i}_2, q8, 0x000F000F, 0x64006400, 0xEA;",     # 2, 6
+                      f"lop3.b32 p{i}_3, q8, 0x00F000F0, 0x64006400, 0xEA;"]     # 3, 7
+        for c in range(2):       # columns (2c, 2c + 1) of the lane's four are A's rows g and g + 8
+            a, b, d = 2 * c, 2 * c + 1, ", ".join(f"d{c}_{j}" for j in range(4))
+            acc = "z, z, z, z" if r == 0 else d
+            lines += [f"{mma} {{{d}}}, {{p{a}_0, p{b}_0, p{a}_1, p{b}_1}}, {{X0, X1}}, {{{acc}}};",
+                      f"{mma} {{{d}}}, {{p{a}_2, p{b}_2, p{a}_3, p{b}_3}}, {{X2, X3}}, {{{d}}};"]
+    lines += ["mov.b32 $0, d0_0;", "mov.b32 $1, d0_2;", "mov.b32 $2, d1_0;", "mov.b32 $3, d1_2;", "}"]
+    return "\n".join(lines)
+
+
+_MMA_DOT1, _MMA_DOT2, _MMA_DOT4 = (tl.constexpr(_mma_dot_asm(r)) for r in (1, 2, 4))
+_MMA_ARGS1, _MMA_ARGS2, _MMA_ARGS4 = (tl.constexpr(",".join(["=r"] * 4 + ["r"] * (4 * r) + ["l"] * 4)) for r in (1, 2, 4))
+
+
+@triton.jit
+def _mma_dot(qw_ptr, x32, g, r0, t, rn, nmask, N, GROUP: tl.constexpr, ROWS: tl.constexpr):
+    """fp32 [positions]: per position, the sum over packed rows 4 r0 .. 4 (r0 + ROWS) - 1 of group g of
+    (1024 + n or 1024 + 16 n) x for its column (see above)."""
+    q_ptr = qw_ptr + (g * (GROUP // 8) + 4 * r0 + t) * N + rn
+    xa = (x32 + g * (GROUP // 2) + 16 * r0).to(tl.int64, bitcast=True) + tl.zeros_like(rn).to(tl.int64)
+    q0 = tl.load(q_ptr, mask=nmask, other=0, eviction_policy="evict_first")
+    if ROWS == 1:
+        d = tl.inline_asm_elementwise(_MMA_DOT1, _MMA_ARGS1, [q0, xa], dtype=tl.int32, is_pure=True, pack=4)
+    else:
+        q1 = tl.load(q_ptr + 4 * N, mask=nmask, other=0, eviction_policy="evict_first")
+        if ROWS == 2:
+            d = tl.inline_asm_elementwise(_MMA_DOT2, _MMA_ARGS2, [q0, q1, xa], dtype=tl.int32, is_pure=True,
+                                          pack=4)
+        else:
+            q2 = tl.load(q_ptr + 8 * N, mask=nmask, other=0, eviction_policy="evict_first")
+            q3 = tl.load(q_ptr + 12 * N, mask=nmask, other=0, eviction_policy="evict_first")
+            d = tl.inline_asm_elementwise(_MMA_DOT4, _MMA_ARGS4, [q0, q1, q2, q3, xa], dtype=tl.int32,
+                                          is_pure=True, pack=4)
+    return d.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _probe_int4_gemv_mma_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                                GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                                NUM_STAGES: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    P: tl.constexpr = 4 * BLOCK_N                 # positions: 4 packed rows x BLOCK_N columns
+    R4: tl.constexpr = GROUP // 32                # 4 packed rows (32 K) per mma k step
+    ROWS: tl.constexpr = R4 if R4 < 4 else 4      # of them per asm call (GPTQ's 32, 64, 128: one call)
+    tl.static_assert(P >= 128, "BLOCK_N >= 32: a warp's 32 lanes x 4 positions must span the tile")
+    p = tl.arange(0, P)
+    rn = pid_n * BLOCK_N + 4 * (p // 16) + p % 4  # the column at position p
+    t = (p // 4) % 4                              # its packed row within four (the lane's mma k slot)
+    nmask = rn < N
+    kk = tl.arange(0, GROUP)
+    odd = (kk % 2) == 1
+    x32 = x_ptr.to(tl.pointer_type(tl.int32))
+    acc = tl.zeros((P,), dtype=tl.float32)
+    for g in tl.range(pid_k, K // GROUP, SPLIT_K, num_stages=NUM_STAGES):
+        d = _mma_dot(qw_ptr, x32, g, 0, t, rn, nmask, N, GROUP, ROWS)
+        for r0 in tl.static_range(ROWS, R4, ROWS):
+            d += _mma_dot(qw_ptr, x32, g, r0, t, rn, nmask, N, GROUP, ROWS)
+        # this group's sums of x, the odd k as the mma saw them (x / 16 rounded to fp16, times 16)
+        xg = tl.load(x_ptr + g * GROUP + kk).to(tl.float32)
+        s_even = tl.sum(tl.where(odd, 0.0, xg), axis=0)
+        s_odd = tl.sum(tl.where(odd, (xg * 0.0625).to(tl.float16).to(tl.float32) * 16.0, 0.0), axis=0)
+        s_x = s_even + s_odd
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z1 = ((zp >> ((rn % 8) * 4)) & 0xF).to(tl.float32)          # GPTQ v1 stores zero - 1
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        # sum (n - z) x = d - 1024 S_even - 64 S_odd - z S, z = z1 + 1
+        acc += (d - (z1 * s_x + (1024.0 * s_even + 64.0 * s_odd + s_x))) * s
+    smask = nmask & (t == 0)                      # four lanes hold each column: one stores it
+    last = True
+    if SPLIT_K > 1:
+        acc, last = kernels._splitk_fixup(acc, part_ptr, lock_ptr, pid_n, pid_k, rn, smask, N, SPLIT_K, P)
+    if last:
+        tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=smask)
+
+
+def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=1, group_size=128):
+    """Round 9's tensor-core GEMV at a fixed tile (fp16 x, NVIDIA only); utils.kernels' locks and checks."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and block_n >= 32 and group_size >= 32
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    work = torch.empty((K // group_size, N), device=x.device, dtype=torch.float32)
+    _probe_int4_gemv_mma_kernel[(triton.cdiv(N, block_n), split_k)](
+        x, qw, qz, s, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
+        NUM_STAGES=num_stages, num_warps=num_warps, num_stages=1)
+    return y.reshape(1, N)
+
+
 _LOCKS: dict = {}
 
 
@@ -223,6 +358,11 @@ ROUNDS = {
     # 37, one stage) against 12.4 us without, but its two-stage twin 12.8 against 12.4. The shipped
     # default, timed twice in the run, moved 0.2 us: about the size of the remaining gap to the targets.
     # gemv_probe_round8.log and .md in the H200 run folder.
+    # Round 9 (H200): a different kernel, not a knob: _probe_int4_gemv_mma_kernel above hands products
+    # and sums to mma.sync. Compiled for sm_90, its loop is 705 instructions per group of 128 columns x
+    # 128 K per warp, against 1199 for the f16x2 kernel's. Its tiles x splits x stages.
+    9: dict(shipped=True, mma=True, layouts=((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (256, 2), (128, 4)),
+            groups_per_program=(1, 2, 4), stages=(1, 2)),
 }
 
 
@@ -264,15 +404,17 @@ def time_variant(fn, what, cfg, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, devi
 
 
 def sweep_shipped(sweep, K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device):
-    """Round 3: utils.kernels.int4_gemv at fixed (block_n, num_warps, split_k, num_stages); rows appended."""
+    """Round 3: utils.kernels.int4_gemv at fixed (block_n, num_warps, split_k, num_stages); rows appended.
+    With sweep["mma"] (round 9) the tensor-core probe kernel instead."""
     ng, best = K // 128, None
+    gemv = probe_mma_gemv if sweep.get("mma") else functools.partial(kernels.int4_gemv, group_size=128)
     split = (lambda gpp: triton.cdiv(ng, gpp)) if sweep.get("uncapped") else (lambda gpp: kernels._gemv_split(ng, gpp))
     for bn, nw in sweep["layouts"]:
         for sk in sorted({split(gpp) for gpp in sweep["groups_per_program"]}):
             for ns in sweep["stages"]:
                 cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns)
-                what = f"shipped bn={bn} w={nw} sk={sk} stages={ns}"
-                best = time_variant(lambda x_, c=cfg: kernels.int4_gemv(x_, qw, qz, s, 128, **c), what, cfg,
+                what = f"{'mma' if sweep.get('mma') else 'shipped'} bn={bn} w={nw} sk={sk} stages={ns}"
+                best = time_variant(lambda x_, c=cfg: gemv(x_, qw, qz, s, **c), what, dict(cfg, mma=bool(sweep.get("mma"))),
                                     K, N, x, qw, qz, s, wd, qbytes, t_bf, rows, device, best)
     return best
 
@@ -309,8 +451,10 @@ def main():
                     kernels.int4_gemv(x, qw, qz, s, 128)
                 elif "f16x2" in cfg:                      # rounds 1-2: the probe kernel
                     probe_gemv(x, qw, qz, s, **cfg)
+                elif cfg.get("mma"):                      # round 9: the tensor-core probe kernel
+                    probe_mma_gemv(x, qw, qz, s, **{k: v for k, v in cfg.items() if k != "mma"})
                 else:                                     # rounds 3-4: the shipped kernel, fixed config
-                    kernels.int4_gemv(x, qw, qz, s, 128, **cfg)
+                    kernels.int4_gemv(x, qw, qz, s, 128, **{k: v for k, v in cfg.items() if k != "mma"})
         torch.cuda.synchronize()
         return
     copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]

@@ -520,6 +520,25 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 
 
 @triton.jit
+def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """split-K fix-up in the same kernel: partials to a workspace; the last program of this column block
+    sums them in a fixed order (the same bits every run, unlike fp32 atomics). Returns (y, last): the
+    column block's sum, and whether this program is the one that holds it."""
+    tl.store(part_ptr + pid_k * N + rn, y, mask=mask)
+    tl.debug_barrier()                            # every thread's partial is written ...
+    arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")          # ... before this release
+    last = arrived == SPLIT_K - 1
+    if last:
+        # SPLIT_K is a constant, so these loads are unrolled and in flight together: this sum is the
+        # kernel's tail, and a loop of dependent L2 round trips here cost 2-7 us on the H100
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in range(0, SPLIT_K):
+            y += tl.load(part_ptr + k * N + rn, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + pid_n, 0)       # ready for the next call
+    return y, last
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
                       F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
@@ -531,19 +550,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
                      NUM_STAGES, ROW_ACC)
     last = True
     if SPLIT_K > 1:
-        # split-K fix-up in the same kernel: partials to a workspace; the last program of this column
-        # block sums them in a fixed order (the same bits every run, unlike fp32 atomics)
-        tl.store(part_ptr + pid_k * N + rn, y, mask=nmask)
-        tl.debug_barrier()                        # every thread's partial is written ...
-        arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")      # ... before this release
-        last = arrived == SPLIT_K - 1
-        if last:
-            # SPLIT_K is a constant, so these loads are unrolled and in flight together: this sum is the
-            # kernel's tail, and a loop of dependent L2 round trips here cost 2-7 us on the H100
-            y = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k in range(0, SPLIT_K):
-                y += tl.load(part_ptr + k * N + rn, mask=nmask, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(lock_ptr + pid_n, 0)   # ready for the next call
+        y, last = _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         if F16X2:
             # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
