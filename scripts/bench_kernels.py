@@ -9,7 +9,11 @@ Targets: Triton fp16/bf16 GEMM at 8192^3 >= 90% of torch.matmul TFLOP/s in the s
 shapes, batch 1, >= 70% of the measured copy bandwidth and >= 3x bf16 GEMV. Each kernel's output is
 checked against torch before it is timed: a fast wrong kernel is not reported as fast.
 Timing: triton.testing.do_bench_cudagraph (CUDA graph replay, so launch overhead of the Python
-wrapper is not counted for either side), median of replays, and the median of 3 such timings. The GPU
+wrapper is not counted for either side), median of replays, and the median of 3 such timings. The GEMV
+rows (ours and bf16) read their weights cold: the replays rotate over copies of the operands, together
+at least 3x the L2 cache, as a decode step does (it reads each layer's weights once per token). Replaying
+one copy would let part of the 34 MB of Int4 weights sit in the H200's 50 MB L2; that "hot" time is in
+the note beside the cold one. The GPU
 is first kept busy for a few seconds (warm_up): on the H100 the same GEMV timed 17.4 us first in a run
 and 15.0 us later in it (scripts/gemv_probe.py --round 3), and the autotuners time their candidates on
 the first call.
@@ -17,6 +21,7 @@ the first call.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -34,6 +39,19 @@ def bench(fn, repeats: int = 3) -> float:
     """Milliseconds per call: the median over `repeats` timings, each the median of CUDA-graph replays
     (the same timer as Lab 05's roofline). Repeating shows up a noisy machine instead of reporting it."""
     return statistics.median(roofline.time_kernel(fn, "cuda") * 1e3 for _ in range(repeats))
+
+
+def copies_beyond_l2(nbytes: int) -> int:
+    """How many copies of an operand set of nbytes make a working set of at least 3x the L2 cache."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(2, -(-3 * l2 // nbytes))
+
+
+def rotating(fns):
+    """One callable that calls fns[0], fns[1], ... in turn; captured in a CUDA graph, consecutive replays
+    then read different copies of the operands, so none of them is still in L2."""
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
 
 
 def warm_up(seconds: float = 3.0) -> None:
@@ -105,8 +123,15 @@ def gemv_rows(copy_gbps, sweep):
             if sweep:
                 print(f"  sweep int4 {K}->{N} {cfg}: {t * 1e3:.1f} us", flush=True)
         qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + N * 2
+        # cold weights (see the docstring): the default config, and bf16, over copies beyond L2
+        nq, nb = copies_beyond_l2(qbytes), copies_beyond_l2(w_bf16.numel() * 2)
+        qcopies = [tuple(t.clone() for t in (x, qw, qz, s)) for _ in range(nq)]
+        bcopies = [(xb.clone(), w_bf16.clone()) for _ in range(nb)]
+        t_q_hot, t_bf16_hot = timed[0][0], t_bf16
+        t_q = bench(rotating([lambda c=c: kernels.int4_gemv(c[0], c[1], c[2], c[3], 128) for c in qcopies]))
+        t_bf16 = bench(rotating([lambda c=c: torch.nn.functional.linear(c[0], c[1]) for c in bcopies]))
+        del qcopies, bcopies
         bf_gbps = (w_bf16.numel() * 2) / (t_bf16 * 1e-3) / 1e9
-        t_q = timed[0][0]                                          # the default is what is reported
         gbps = qbytes / (t_q * 1e-3) / 1e9
         best_t, best_cfg = min(timed, key=lambda r: r[0])
         rows.append({"kernel": "Triton Int4 GEMV (GPTQ, g=128)", "shape": f"1x{K} -> {N}",
@@ -114,8 +139,10 @@ def gemv_rows(copy_gbps, sweep):
                      "baseline": f"bf16 F.linear {t_bf16 * 1e3:.1f} us ({bf_gbps:.0f} GB/s)",
                      "ratio": t_bf16 / t_q, "target": ">= 3.0x and >= 70% copy BW",
                      "pass": t_bf16 / t_q >= 3.0 and gbps >= 0.7 * copy_gbps,
-                     "note": f"default: f16x2 dequant, autotuned {tuned}; exact f32 dequant {timed[1][0] * 1e3:.1f} us; "
-                             f"fastest of {len(cands)} tried {best_t * 1e3:.1f} us ({best_cfg or 'default'})"})
+                     "note": f"cold weights ({nq} copies; bf16 {nb}); one copy replayed (hot): ours {t_q_hot * 1e3:.1f} us "
+                             f"({qbytes / (t_q_hot * 1e-3) / 1e9 / copy_gbps:.0%} of copy), bf16 {t_bf16_hot * 1e3:.1f} us; "
+                             f"default: f16x2 dequant, autotuned {tuned}; exact f32 dequant {timed[1][0] * 1e3:.1f} us hot; "
+                             f"fastest of {len(cands)} tried (hot) {best_t * 1e3:.1f} us ({best_cfg or 'default'})"})
     return rows
 
 
