@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -399,27 +398,22 @@ def check(fn, qw, qz, s, wd, K, device, what):
     return err
 
 
+HOT = {"on": False}     # --hot: rounds 1-9's timing
+
+
 def time_ops(fn, ops) -> float:
-    """Seconds per call of fn(x, qw, qz, s), CUDA-graph replays rotating over the operand sets in ops: one
-    set (hot: rounds 1-9 timed so, and part of 34 MB of codes then stays in a 50 MB L2) or copies
-    together past 3x L2 (cold, as a decode step reads each layer's weights; the default since round 10)."""
+    """Seconds per call of fn(*ops), ops = (x, qw, qz, s): cold (roofline.time_cold: replays rotate over
+    copies past 3x L2, as a decode step reads each layer's weights; the default since round 10), or
+    with --hot one set replayed, as rounds 1-9 timed (part of 34 MB of codes then stays in a 50 MB L2)."""
     from utils import roofline
-    it = itertools.cycle(ops)
-    return roofline.time_kernel(lambda: fn(*next(it)), "cuda")
-
-
-def operand_sets(x, qw, qz, s, hot: bool) -> list:
-    """[(x, qw, qz, s)], plus clones until the sets together pass 3x the L2 cache unless hot."""
-    if hot:
-        return [(x, qw, qz, s)]
-    nbytes = sum(t.numel() * t.element_size() for t in (x, qw, qz, s))
-    n = max(2, -(-3 * torch.cuda.get_device_properties(0).L2_cache_size // nbytes))
-    return [(x, qw, qz, s)] + [tuple(t.clone() for t in (x, qw, qz, s)) for _ in range(n - 1)]
+    if HOT["on"]:
+        return roofline.time_kernel(lambda: fn(*ops), "cuda")
+    return roofline.time_cold(fn, ops, "cuda")
 
 
 def time_variant(fn, what, cfg, K, N, ops, wd, qbytes, t_bf, rows, device, best):
     """Check fn (x, qw, qz, s -> y) against the reference, time it, append its row; returns the new best (t, cfg)."""
-    x, qw, qz, s = ops[0]
+    x, qw, qz, s = ops
     try:
         check(fn, qw, qz, s, wd, K, device, what)
         t = time_ops(fn, ops)
@@ -461,6 +455,7 @@ def main():
     ap.add_argument("--ncu", default=None, help="gemv_best.json of a sweep: launch the shipped kernel and each "
                     "shape's best config once (run under ncu)")
     args = ap.parse_args()
+    HOT["on"] = args.hot
     gpu = torch.cuda.is_available() and not kernels.interpreted()
     device = "cuda" if gpu else "cpu"
     if args.check_only or not gpu:
@@ -473,7 +468,6 @@ def main():
                 print(f"ok {name} split_k={sk}: rel L2 {err:.2e}")
         return
     import json
-    from utils import roofline
     from utils.ceilings import copy_bandwidth
     out = Path(os.environ.get("OUT", "/tmp"))
     shapes = ((3584, 18944), (18944, 3584))
@@ -501,14 +495,12 @@ def main():
         qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
         w_bf16 = wd.t().contiguous().to(torch.bfloat16)
         xb = x.to(torch.bfloat16)
-        ops = operand_sets(x, qw, qz, s, args.hot)
-        bf_ops = [(xb, w_bf16)] + ([] if args.hot else [(xb.clone(), w_bf16.clone())])
-        bf_it = itertools.cycle(bf_ops)
-        t_bf = roofline.time_kernel(lambda: torch.nn.functional.linear(*next(bf_it)), "cuda")
+        ops = (x, qw, qz, s)
+        t_bf = time_ops(torch.nn.functional.linear, (xb, w_bf16))
         shipped = lambda *o: kernels.int4_gemv(*o, 128)  # noqa: E731
         t_ship = time_ops(shipped, ops)
         rows.append((K, N, "shipped int4_gemv (default)", t_ship, qbytes, t_bf, None))
-        print(f"{K}->{N} ({'hot' if args.hot else f'cold, {len(ops)} operand sets'}): bf16 {t_bf * 1e6:.1f} us, "
+        print(f"{K}->{N} ({'hot' if args.hot else 'cold'}): bf16 {t_bf * 1e6:.1f} us, "
               f"shipped {t_ship * 1e6:.1f} us", flush=True)
         best = None
         sweep = ROUNDS[args.round]

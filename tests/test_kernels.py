@@ -145,6 +145,18 @@ def test_roofline_bytes_and_bounds():
         roofline.int4_weight_bytes(100, 8, 128)
 
 
+def test_operand_copies_reach_the_byte_target_with_separate_storage():
+    w, x = torch.arange(1000, dtype=torch.float32), torch.ones(10)
+    sets = roofline.operand_copies((x, w, 128), at_least_bytes=3 * 4040 + 1)     # 4040 bytes per set
+    assert len(sets) == 4 and sets[0][0] is x and all(s[2] == 128 for s in sets)
+    assert all(torch.equal(s[1], w) for s in sets)
+    assert len({s[1].data_ptr() for s in sets}) == 4                              # four storages, not views
+    assert len(roofline.operand_copies((x,), 1)) == 2                             # at least one copy to rotate to
+    calls = []
+    assert roofline.time_cold(lambda a, b: calls.append((a, b)), (x, w), "cpu", repeats=3) > 0
+    assert len(calls) == 5 and all(c[1] is w for c in calls)                      # CPU: no copies, no L2 to beat
+
+
 def test_time_kernel_on_cpu_is_a_positive_median():
     calls = []
     t = roofline.time_kernel(lambda: calls.append(1), "cpu", repeats=3)

@@ -569,6 +569,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # one stage is slower still (bench_run4.log's sweep: 15.5-23 us against 12.6-15 us with two). On the
 # H200 (round 4b, x read 16 bytes per row) one-warp programs with two stages were fastest at both shapes;
 # in round 6 two warps splitting the rows of 128 columns (ROW_ACC) were 0.2-0.3 us faster at K=18944.
+# All of those were timed hot (one copy of the weights replayed, partly in L2). Cold (round 10) the
+# order changed: one stage, 128 columns over two warps, split 7 / 37 was fastest at both shapes (14.1 us
+# each on the H200, against 15.5 / 15.8 us for the two-stage configs the hot autotuner had picked).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1)]
 _GEMV_LOCKS: dict = {}
@@ -602,7 +605,10 @@ def _gemv_prune(configs, named_args, **kwargs):
 _int4_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp, "NUM_STAGES": st}, num_warps=w, num_stages=1)
              for b, w, gpp, st in _GEMV_CONFIGS],
-    key=["K", "N", "GROUP", "F16X2"], use_cuda_graph=torch.version.hip is None,   # time replays, not launches
+    # Timed by Triton's do_bench, which flushes L2 (a 256 MB write) before each call: a decode step reads
+    # every layer's weights cold. CUDA-graph replays of one call (used here until round 10) let part of
+    # a 34 MB layer stay in a 50 MB L2; they picked two-stage configs that are 1.4-1.7 us slower cold.
+    key=["K", "N", "GROUP", "F16X2"],
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
 

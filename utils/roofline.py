@@ -45,6 +45,30 @@ def time_kernel(fn, device: str, repeats: int = 10) -> float:
     return statistics.median(time_op(fn, device, warmup=2, repeats=repeats))
 
 
+def operand_copies(operands: tuple, at_least_bytes: int) -> list[tuple]:
+    """[operands, clone, clone, ...]: enough sets of the tensors in operands (others passed as they are)
+    that together they hold at least at_least_bytes; each clone has its own storage."""
+    nbytes = sum(t.numel() * t.element_size() for t in operands if hasattr(t, "element_size"))
+    n = max(2, -(-at_least_bytes // max(nbytes, 1)))
+    return [operands] + [tuple(t.clone() if hasattr(t, "clone") else t for t in operands) for _ in range(n - 1)]
+
+
+def time_cold(call, operands: tuple, device: str, repeats: int = 10) -> float:
+    """Seconds per call(*operands) with its operands read from DRAM, not from L2. On CUDA the CUDA-graph
+    replays rotate over copies of the operands that together pass 3x the L2 cache, as a decode step reads
+    each layer's weights once per token; replaying one copy would let part of a 34 MB Int4 layer stay in
+    a 50 MB L2 and report L2 speed as DRAM's (on the H200: 12.0 us hot, 15.4 us cold; README, Lab 05
+    kernels). Elsewhere, time_kernel of the call."""
+    import itertools
+
+    if not str(device).startswith("cuda"):
+        return time_kernel(lambda: call(*operands), device, repeats)
+    import torch
+    l2 = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+    sets = itertools.cycle(operand_copies(operands, 3 * l2))
+    return time_kernel(lambda: call(*next(sets)), device, repeats)
+
+
 def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
     """The roof: min(peak, intensity x bandwidth), in TFLOP/s."""
     return np.minimum(peak_tflops, np.asarray(intensity, dtype=float) * bandwidth_gbps / 1e3)
