@@ -360,14 +360,22 @@ ROUNDS = {
     # gemv_probe_round8.log and .md in the H200 run folder.
     # Round 9 (H200): a different kernel, not a knob: _probe_int4_gemv_mma_kernel above hands products
     # and sums to mma.sync. Compiled for sm_90, its loop is 705 instructions per group of 128 columns x
-    # 128 K per warp, against 1199 for the f16x2 kernel's. Its tiles x splits x stages.
+    # 128 K per warp, against 1199 for the f16x2 kernel's. Its tiles x splits x stages, timed hot like
+    # rounds 1-8: best 13.6 us at 3584 -> 18944 and 14.5 us at 18944 -> 3584, against 12.0 / 12.4 us
+    # for the shipped kernel; two stages much slower (shared-memory traffic: ncu's MIO throttle). ncu
+    # (ncu_round9.txt, which flushes caches) disagreed: 23.1k cycles against the shipped 27.1k, 27 %
+    # fewer instructions executed, longer stalls (8.9 cycles per issue against 7.0). Round 10 asks why.
     9: dict(shipped=True, mma=True, layouts=((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (256, 2), (128, 4)),
             groups_per_program=(1, 2, 4), stages=(1, 2)),
     # Round 10 (H200): rounds 1-9 replayed ONE set of operands, so part of the 34 MB of codes could stay
     # in the 50 MB L2 between calls (bf16's 136 MB could not): scripts/bench_kernels.py, timing with
     # copies past 3x L2, found the shipped default at 15.4 / 15.7 us cold against 12.0 / 12.4 us hot.
     # And ncu (which flushes caches) had round 9's mma kernel at fewer cycles than the shipped one. So:
-    # both kernels, cold, same tiles x splits x stages.
+    # both kernels, cold, same tiles x splits x stages. Answer (gemv_probe_round10.md): cold, one stage
+    # wins for the shipped kernel too (128 columns over two warps: 14.1 us at both shapes, against 15.5
+    # / 15.8 us for its hot-tuned default, which made the autotuner time with L2 flushes); mma 13.6 us at
+    # 3584 -> 18944 (4 % better) and 16.3 us at 18944 -> 3584 (16 % worse). Not kept: no clear gain,
+    # and its correctness rests on a layout Triton does not promise (see the kernel's comment).
     10: dict(shipped=True, layouts=((128, 1), (128, 2), (256, 2), (512, 4)),
              mma_layouts=((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (128, 4)),
              groups_per_program=(1, 2, 4), stages=(1, 2)),
