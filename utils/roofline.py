@@ -7,6 +7,8 @@ ridge, memory-bound either way, and its speed-up from Int4 is bounded by the rat
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 
@@ -59,8 +61,6 @@ def time_cold(call, operands: tuple, device: str, repeats: int = 10) -> float:
     each layer's weights once per token; replaying one copy would let part of a 34 MB Int4 layer stay in
     a 50 MB L2 and report L2 speed as DRAM's (on the H200: 12.0 us hot, 15.4 us cold; README, Lab 05
     kernels). Elsewhere, time_kernel of the call."""
-    import itertools
-
     if not str(device).startswith("cuda"):
         return time_kernel(lambda: call(*operands), device, repeats)
     import torch
