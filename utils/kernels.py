@@ -602,38 +602,13 @@ def _gemv_prune(configs, named_args, **kwargs):
     return out
 
 
-_SCRATCH: dict = {}
-
-
-def _bench_after_reads(kernel_call, quantiles=(0.5, 0.2, 0.8), reps: int = 100) -> list:
-    """The GEMV autotuner's timer: quantiles (ms) of kernel_call, each call right after reading a scratch
-    buffer of 4x the L2 cache. So the weights come from DRAM and L2 holds clean lines, as after the
-    previous layers of a decode step. Triton's do_bench flushes with a write, and the dirty lines'
-    write-back then competes with the kernel it times; CUDA-graph replays of one call keep part of a
-    34 MB layer in a 50 MB L2 (README, "Lab 05 kernels on the lent GPU")."""
-    dev = torch.cuda.current_device()
-    if dev not in _SCRATCH:
-        _SCRATCH[dev] = torch.ones(torch.cuda.get_device_properties(dev).L2_cache_size, device="cuda")   # 4 B each
-    scratch = _SCRATCH[dev]
-    kernel_call()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        scratch.sum()                             # queued first: the launch below hides behind it
-        start.record()
-        kernel_call()
-        end.record()
-    torch.cuda.synchronize()
-    ms = torch.tensor([start.elapsed_time(end) for start, end in events])
-    return [float(torch.quantile(ms, q)) for q in quantiles]
-
-
 _int4_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp, "NUM_STAGES": st}, num_warps=w, num_stages=1)
              for b, w, gpp, st in _GEMV_CONFIGS],
-    # Timed cold (_bench_after_reads): a decode step reads every layer's weights from DRAM. CUDA-graph
-    # replays of one call (used here until round 10) let part of a 34 MB layer stay in a 50 MB L2; they
-    # picked two-stage configs that are 1.4-1.7 us slower cold.
-    key=["K", "N", "GROUP", "F16X2"], do_bench=_bench_after_reads,
+    # Timed by Triton's do_bench, which flushes L2 (a 256 MB write) before each call: a decode step reads
+    # every layer's weights cold. CUDA-graph replays of one call (used here until round 10) let part of
+    # a 34 MB layer stay in a 50 MB L2; they picked two-stage configs that are 1.4-1.7 us slower cold.
+    key=["K", "N", "GROUP", "F16X2"],
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
 
