@@ -608,6 +608,9 @@ _int4_gemv_tuned = triton.autotune(
     # Timed by Triton's do_bench, which flushes L2 (a 256 MB write) before each call: a decode step reads
     # every layer's weights cold. CUDA-graph replays of one call (used here until round 10) let part of
     # a 34 MB layer stay in a 50 MB L2; they picked two-stage configs that are 1.4-1.7 us slower cold.
+    # Timed one launch at a time, it picks one-warp tiles that the benchmark's cold graph replays put
+    # 0.2 / 1.1 us behind two-warp ones on the H200; a timer that flushed by reading instead (clean
+    # lines) picked the same (bench_cold_reads.md), so Triton's own stays.
     key=["K", "N", "GROUP", "F16X2"],
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
