@@ -282,17 +282,11 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     return y.reshape(1, N)
 
 
-_LOCKS: dict = {}
-
-
 def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, fixup=True, f16x2=False,
                num_warps=4, num_stages=1, group_size=128, fix_unroll=False):
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, block_n)
-    key = (x.device, nb)
-    if key not in _LOCKS:
-        _LOCKS[key] = torch.zeros(nb, dtype=torch.int32, device=x.device)
-    locks = _LOCKS[key]
+    locks = kernels._gemv_locks(x.device, nb)      # the shipped GEMV's counters: this fix-up also leaves them at 0
     atomics = split_k > 1 and not fixup
     y = torch.zeros(N, device=x.device, dtype=torch.float32) if atomics else torch.empty(N, device=x.device, dtype=x.dtype)
     part = torch.empty((split_k, N) if fixup and split_k > 1 else (1,), device=x.device, dtype=torch.float32)
