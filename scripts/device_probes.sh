@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 if [ -n "${NCU:-}" ]; then
   # NCU_ARGS: other ncu sections, e.g. "--section WarpStateStats --print-details all" for the stall reasons
   timeout 150 ncu ${NCU_ARGS:---set full} -k regex:_int4_gemv python3 scripts/gemv_probe.py --ncu "$NCU" >"$out/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "_int4_gemv_kernel|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|No Eligible" "$out/ncu.txt"
+  echo "ncu rc=$?"; grep -E "_int4_gemv|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|No Eligible" "$out/ncu.txt"
 fi
 timeout "${PROBE_S:-330}" python3 scripts/gemv_probe.py --round "${ROUND:-3}" 2>&1 | tee "$out/gemv_probe.log" | grep -v "^  "
 [ "${GROUPED:-1}" = 0 ] || timeout 180 python3 scripts/grouped_probe.py 2>&1 | tee "$out/grouped_probe.log" | tail -28
