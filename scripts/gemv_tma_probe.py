@@ -1,0 +1,294 @@
+"""Int4 GEMV round 11 (a bench, not a test): codes through TMA, deeper in flight, and the read floor.
+
+Rounds 1-10 (scripts/gemv_probe.py) left the shipped GEMV at 14.1 us cold on the H200 where 70 % of the
+copy bandwidth needs 12.0 us. Its programs are short (2-4 groups each, all in one wave): every program
+loads a group, computes it, loads the next, so loads and math alternate in lock-step across the GPU,
+and cp.async stages (Triton's pipeliner) cost the shared memory that residency needs. Two questions:
+
+1. The floor: how long does merely READING the same bytes take, cold, with a streaming kernel that
+   does nothing else (and torch's own reduction over them)? That is the most a GEMV can hope for.
+2. TMA: the codes of a group come as two bulk tensor copies (even and odd packed rows, as the f16x2
+   dot wants them) issued by the copy engine, NUM_STAGES groups ahead, with no registers or address
+   math per byte in flight. Does that keep DRAM busy while the math runs?
+
+    python scripts/gemv_tma_probe.py              # GPU (sm_90): the table, $OUT/gemv_tma_probe.md
+    python scripts/gemv_tma_probe.py --quick      # one config per shape, to check it compiles and is right
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from utils import kernels  # noqa: E402
+import gemv_probe as gp  # noqa: E402
+
+
+@triton.jit
+def _read_floor_kernel(q_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Read BLOCK int32 per program (16-byte loads), xor them, write one int32: DRAM reads and nothing else."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    q = tl.load(q_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
+    tl.store(out_ptr + tl.program_id(0), tl.reduce(q, 0, _xor))
+
+
+@triton.jit
+def _xor(a, b):
+    return a ^ b
+
+
+def read_floor(q, block=4096, num_warps=4):
+    n = q.numel()
+    out = torch.empty(triton.cdiv(n, block), device=q.device, dtype=torch.int32)
+    _read_floor_kernel[(triton.cdiv(n, block),)](q, out, n, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+@triton.jit
+def _tma_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                     GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    R2: tl.constexpr = GROUP // 16                # even (and odd) packed rows per group
+    n0 = pid_n * BLOCK_N
+    rn = n0 + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    r16 = tl.arange(0, R2)
+    if ROW_ACC:
+        acc = tl.zeros((R2, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for g in tl.range(pid_k, K // GROUP, SPLIT_K, num_stages=NUM_STAGES):
+        qa = qa_desc.load([g * R2, n0])           # packed rows 2 r16 of group g: one bulk copy
+        qb = qb_desc.load([g * R2, n0])           # packed rows 2 r16 + 1
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        part = kernels._group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
+        if ROW_ACC:
+            acc += part * s[None, :]
+        else:
+            acc += tl.sum(part, axis=0) * s
+    if ROW_ACC:
+        y = tl.sum(acc, axis=0)
+    else:
+        y = acc
+    last = True
+    if SPLIT_K > 1:
+        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+    if last:
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _pattern_kernel(qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N, GROUP: tl.constexpr,
+                    BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
+    """The shipped GEMV's grid, loads and split-K fix-up with the dot replaced by an xor: what its access
+    pattern alone costs (the GEMV minus this is the math that did not overlap the loads)."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    R2: tl.constexpr = GROUP // 16
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    r16 = tl.arange(0, R2)
+    acc = tl.zeros((R2, BLOCK_N), dtype=tl.int32)
+    for g in tl.range(pid_k, K // GROUP, SPLIT_K, num_stages=1):
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.int16, bitcast=True).to(tl.int32)
+        qa = tl.load(qw_ptr + (g * 2 * R2 + 2 * r16)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                     eviction_policy=EVICT)
+        qb = tl.load(qw_ptr + (g * 2 * R2 + 2 * r16 + 1)[:, None] * N + rn[None, :], mask=nmask[None, :],
+                     other=0, eviction_policy=EVICT)
+        acc ^= qa ^ qb ^ (zp + s)[None, :]
+    y = tl.xor_sum(acc, axis=0).to(tl.float32)
+    last = True
+    if SPLIT_K > 1:
+        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+    if last:
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+def pattern(x, qw, qz, s, block_n=128, split_k=7, num_warps=2, evict="evict_first"):
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    _pattern_kernel[(triton.cdiv(N, block_n), split_k)](qw, qz, s, y, work, locks, K, N, GROUP=128,
+                                                        BLOCK_N=block_n, SPLIT_K=split_k, EVICT=evict,
+                                                        num_warps=num_warps, num_stages=1)
+    return y
+
+
+@triton.jit
+def _tiled_gemv_kernel(x_ptr, qt_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, ROW_ACC: tl.constexpr,
+                       F16X2: tl.constexpr):
+    """The shipped GEMV (same dot, loop and fix-up) over codes repacked as [N / BLOCK_N, K / 8, BLOCK_N]:
+    a column block's packed rows are one contiguous run, as Marlin-style kernels repack at load time."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    qbase = qt_ptr + pid_n * (K // 8) * BLOCK_N - pid_n * BLOCK_N      # + rn inside: the tile's column
+    y = kernels._gemv_groups(x_ptr, qbase, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // GROUP, SPLIT_K, GROUP,
+                             BLOCK_N, F16X2, 1, ROW_ACC, False, BLOCK_N)
+    last = True
+    if SPLIT_K > 1:
+        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+    if last:
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+def tile_codes(qw, block_n):
+    """[K/8, N] GPTQ codes -> [N / block_n, K/8, block_n]: the same int32 words, a column block contiguous."""
+    K8, N = qw.shape
+    assert N % block_n == 0
+    return qw.reshape(K8, N // block_n, block_n).permute(1, 0, 2).contiguous()
+
+
+def tiled_gemv(x, qt, qz, s, block_n=64, split_k=7, num_warps=1):
+    nb, K8, bn = qt.shape
+    K, N = K8 * 8, nb * bn
+    assert bn == block_n
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, nb)
+    work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    _tiled_gemv_kernel[(nb, split_k)](x, qt, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n,
+                                      SPLIT_K=split_k, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps),
+                                      F16X2=kernels.int4_gemv_dequant(x) == "f16x2", num_warps=num_warps,
+                                      num_stages=1)
+    return y.reshape(1, N)
+
+
+_DESCS: dict = {}
+
+
+def tma_gemv(x, qw, qz, s, block_n=128, split_k=7, num_warps=1, num_stages=3, row_acc=False, group_size=128):
+    """Round 11's GEMV at a fixed tile: fp16 x, sm_90, the shipped kernel's dot and fix-up."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % 4 == 0 and K % 16 == 0
+    key = (qw.data_ptr(), block_n, group_size)
+    if key not in _DESCS:                         # host-side descriptors: even and odd packed rows
+        box = [group_size // 16, block_n]
+        _DESCS[key] = (TensorDescriptor(qw, [K // 16, N], [2 * N, 1], box),
+                       TensorDescriptor(qw[1:], [K // 16, N], [2 * N, 1], box))
+    qa, qb = _DESCS[key]
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    _tma_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
+        x, qa, qb, qz, s, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
+        NUM_STAGES=num_stages, ROW_ACC=row_acc, num_warps=num_warps, num_stages=1)
+    return y.reshape(1, N)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", choices=("tma", "pattern", "prefetch", "tiled"), default="tma",
+                    help="tma: the TMA kernel's sweep; pattern: the shipped access pattern without the math, "
+                    "prefetch: the shipped kernel with and without loading the next group before this one's math")
+    args = ap.parse_args()
+    from utils.ceilings import copy_bandwidth
+    from utils import roofline
+    out = Path(os.environ.get("OUT", "/tmp"))
+    device = "cuda"
+    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
+    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    rows = []
+    shapes = ((3584, 18944), (18944, 3584))
+    for K, N in shapes:
+        qw, qz, s, wd = gp.shape_setup(K, N, device)
+        x = torch.randn(1, K, device=device, dtype=torch.float16)
+        qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
+        ops = (x, qw, qz, s)
+        w_bf16 = wd.t().contiguous().to(torch.bfloat16)
+        t_bf = gp.time_ops(torch.nn.functional.linear, (x.to(torch.bfloat16), w_bf16))
+        t_bf_floor = roofline.time_cold(lambda w: read_floor(w.view(torch.int32)), (w_bf16,), device)
+        print(f"{K}->{N}: bf16 F.linear {t_bf * 1e6:.1f} us; reading its 2-byte weights alone "
+              f"{t_bf_floor * 1e6:.1f} us", flush=True)
+        for what, fn in [("read floor: Triton stream of the codes, 16 KB per program",
+                          lambda q: read_floor(q)),
+                         ("read floor: Triton stream of the codes, 64 KB per program",
+                          lambda q: read_floor(q, block=16384, num_warps=8)),
+                         ("read floor: torch.sum of the codes", lambda q: q.sum())]:
+            t = roofline.time_cold(fn, (qw,), device)
+            rows.append((K, N, what, t, qw.numel() * 4, t_bf))
+            print(f"  {what}: {t * 1e6:.1f} us", flush=True)
+        best = None
+        for name, fn, cfg in [("shipped int4_gemv (default)", lambda *o: kernels.int4_gemv(*o, 128), {}),
+                              ("shipped bn=128 w=2 sk=%d stages=1" % (7 if K == 3584 else 37),
+                               lambda *o: kernels.int4_gemv(*o, 128, block_n=128, num_warps=2,
+                                                            split_k=7 if K == 3584 else 37, num_stages=1), {})]:
+            t = gp.time_ops(fn, ops)
+            rows.append((K, N, name, t, qbytes, t_bf))
+            print(f"  {name}: {t * 1e6:.1f} us", flush=True)
+        ng = K // 128
+        if args.part == "pattern":
+            for bn, nw in [(128, 1), (128, 2), (128, 4), (64, 1), (64, 2), (256, 2), (256, 4), (128, 8)]:
+                for sk in sorted({triton.cdiv(ng, gpp) for gpp in (1, 2, 4)}):
+                    for ev in ("evict_first", ""):
+                        what = f"pattern only ({ev or 'no hint'}) bn={bn} w={nw} sk={sk}"
+                        t = gp.time_ops(lambda *o, c=(bn, sk, nw, ev): pattern(*o, *c), ops)
+                        rows.append((K, N, what, t, qbytes, t_bf))
+                        print(f"  {what}: {t * 1e6:.1f} us", flush=True)
+            continue
+        if args.part == "tiled":
+            for bn, nw in [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (256, 4)]:
+                qt = tile_codes(qw, bn)
+                tops = (x, qt, qz, s)
+                for sk in sorted({triton.cdiv(ng, gpp) for gpp in (1, 2, 4, 7)}):
+                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk)
+                    fn = lambda x_, q_, z_, s_, c=cfg: tiled_gemv(x_, q_, z_, s_, **c)  # noqa: E731
+                    try:
+                        gp.check(lambda x_, *_, f=fn, q_=qt: f(x_, q_, qz, s), qw, qz, s, wd, K, device, "tiled")
+                        t = gp.time_ops(fn, tops)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"  tiled {cfg}: FAILED {exc}", flush=True)
+                        continue
+                    what = f"tiled codes bn={bn} w={nw} sk={sk}"
+                    rows.append((K, N, what, t, qbytes, t_bf))
+                    print(f"  {what}: {t * 1e6:.1f} us", flush=True)
+            continue
+        if args.part == "prefetch":
+            for bn, nw in [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (256, 4)]:
+                for sk in sorted({triton.cdiv(ng, gpp) for gpp in (2, 4, 7)}):
+                    for pf in (True, False):
+                        cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=1, prefetch=pf)
+                        best = gp.time_variant(lambda *o, c=cfg: kernels.int4_gemv(*o, 128, **c),
+                                               f"shipped bn={bn} w={nw} sk={sk} stages=1 prefetch={pf}", cfg, K,
+                                               N, ops, wd, qbytes, t_bf, rows, device, best)
+                        rows[-1] = rows[-1][:6]
+            continue
+        layouts = [(128, 1)] if args.quick else [(64, 1), (128, 1), (128, 2), (128, 4), (256, 2), (256, 4)]
+        gpps = (4,) if args.quick else (2, 4, 7, 14)
+        stages = (3,) if args.quick else (2, 3, 4)
+        for bn, nw in layouts:
+            for sk in sorted({triton.cdiv(ng, gpp) for gpp in gpps}):
+                for ns in stages:
+                    for ra in ((False,) if bn >= 128 * nw else (True,)):
+                        cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns, row_acc=ra)
+                        what = f"tma bn={bn} w={nw} sk={sk} stages={ns}"
+                        rows_before = len(rows)
+                        best = gp.time_variant(lambda *o, c=cfg: tma_gemv(*o, **c), what, cfg, K, N, ops, wd,
+                                               qbytes, t_bf, rows, device, best)
+                        if len(rows) > rows_before:
+                            rows[-1] = rows[-1][:6]
+        _DESCS.clear()
+    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
+    for K, N, what, t, qb, tb in sorted(rows, key=lambda r: (r[0], r[3])):
+        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy:.0%} "
+                     f"| {tb / t:.2f} |")
+    (out / "gemv_tma_probe.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
