@@ -138,7 +138,7 @@ def _tiled_gemv_kernel(x_ptr, qt_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
     nmask = rn < N
     qbase = qt_ptr + pid_n * (K // 8) * BLOCK_N - pid_n * BLOCK_N      # + rn inside: the tile's column
     y = kernels._gemv_groups(x_ptr, qbase, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // GROUP, SPLIT_K, GROUP,
-                             BLOCK_N, F16X2, 1, ROW_ACC, False, BLOCK_N)
+                             BLOCK_N, F16X2, 1, ROW_ACC, BLOCK_N)
     last = True
     if SPLIT_K > 1:
         y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
@@ -192,9 +192,9 @@ def tma_gemv(x, qw, qz, s, block_n=128, split_k=7, num_warps=1, num_stages=3, ro
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("tma", "pattern", "prefetch", "tiled"), default="tma",
+    ap.add_argument("--part", choices=("tma", "pattern", "tiled"), default="tma",
                     help="tma: the TMA kernel's sweep; pattern: the shipped access pattern without the math, "
-                    "prefetch: the shipped kernel with and without loading the next group before this one's math")
+                    "tiled: the shipped loop over codes repacked per column block")
     args = ap.parse_args()
     from utils.ceilings import copy_bandwidth
     from utils import roofline
@@ -256,16 +256,6 @@ def main():
                     what = f"tiled codes bn={bn} w={nw} sk={sk}"
                     rows.append((K, N, what, t, qbytes, t_bf))
                     print(f"  {what}: {t * 1e6:.1f} us", flush=True)
-            continue
-        if args.part == "prefetch":
-            for bn, nw in [(64, 1), (64, 2), (128, 1), (128, 2), (256, 2), (256, 4)]:
-                for sk in sorted({triton.cdiv(ng, gpp) for gpp in (2, 4, 7)}):
-                    for pf in (True, False):
-                        cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=1, prefetch=pf)
-                        best = gp.time_variant(lambda *o, c=cfg: kernels.int4_gemv(*o, 128, **c),
-                                               f"shipped bn={bn} w={nw} sk={sk} stages=1 prefetch={pf}", cfg, K,
-                                               N, ops, wd, qbytes, t_bf, rows, device, best)
-                        rows[-1] = rows[-1][:6]
             continue
         layouts = [(128, 1)] if args.quick else [(64, 1), (128, 1), (128, 2), (128, 4), (256, 2), (256, 4)]
         gpps = (4,) if args.quick else (2, 4, 7, 14)

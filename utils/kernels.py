@@ -462,17 +462,16 @@ def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _group_codes(qw_ptr, qz_ptr, s_ptr, g, last, rn, nmask, N, qrow, GROUP: tl.constexpr):
+def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constexpr):
     """Group g's codes as even and odd packed rows ([GROUP/16, BLOCK_N] each, for the f16x2 dot), its
-    zeros (z + 1 packed as stored) and fp32 scales; all zero when g >= last (a prefetch past the end)."""
+    packed zeros (z - 1, as stored) and fp32 scales."""
     R: tl.constexpr = GROUP // 8
     r16 = tl.arange(0, R // 2)
-    m = nmask & (g < last)
-    zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=m, other=0)
-    s = tl.load(s_ptr + g * N + rn, mask=m, other=0.0).to(tl.float32)
-    qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=m[None, :], other=0,
+    zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+    s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+    qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
                  eviction_policy="evict_first")       # read once: keep x and the partials in L2
-    qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * qrow + rn[None, :], mask=m[None, :], other=0,
+    qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
                  eviction_policy="evict_first")
     return qa, qb, zp, s
 
@@ -480,16 +479,14 @@ def _group_codes(qw_ptr, qz_ptr, s_ptr, g, last, rn, nmask, N, qrow, GROUP: tl.c
 @triton.jit
 def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 ROW_ACC: tl.constexpr, PREFETCH: tl.constexpr, qrow):
+                 ROW_ACC: tl.constexpr, qrow):
     """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last. NUM_STAGES > 1 lets
     Triton's pipeliner copy the next groups' codes into shared memory (cp.async) while this one is
     computed; 1 loads each group when it is needed. ROW_ACC (when the tile's rows are spread over warps
     or threads, BLOCK_N < 128 num_warps) keeps one sum per row and reduces across them once, at the end,
-    not once per group."""
+    not once per group. qrow: the codes' row stride (N in the GPTQ layout)."""
     R: tl.constexpr = GROUP // 8
     r8 = tl.arange(0, R)
-    if PREFETCH:    # f16x2 only: the next group's loads go out before this group's math
-        qa_n, qb_n, zp_n, s_n = _group_codes(qw_ptr, qz_ptr, s_ptr, first, last, rn, nmask, N, qrow, GROUP)
     if ROW_ACC:
         acc = tl.zeros((R // 2 if F16X2 else R, BLOCK_N), dtype=tl.float32)
     else:
@@ -497,11 +494,7 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
             r16 = tl.arange(0, R // 2)                # needs GROUP >= 16 (int4_gemv checks)
-            if PREFETCH:
-                qa, qb, zp, s = qa_n, qb_n, zp_n, s_n
-                qa_n, qb_n, zp_n, s_n = _group_codes(qw_ptr, qz_ptr, s_ptr, g + step, last, rn, nmask, N, qrow, GROUP)
-            else:
-                qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, last, rn, nmask, N, qrow, GROUP)
+            qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP)
             z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
             part = _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         else:
@@ -561,14 +554,13 @@ def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
-                      PREFETCH: tl.constexpr = False):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                     NUM_STAGES, ROW_ACC, PREFETCH, N)
+                     NUM_STAGES, ROW_ACC, N)
     last = True
     if SPLIT_K > 1:
         y, last = _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
@@ -593,8 +585,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # All of those were timed hot (one copy of the weights replayed, partly in L2). Cold (round 10) the
 # order changed: one stage, 128 columns over two warps, split 7 / 37 was fastest at both shapes (14.1 us
 # each on the H200, against 15.5 / 15.8 us for the two-stage configs the hot autotuner had picked).
+# Round 11 (gemv_probe_round11_*.md): 64 columns on one warp (rows spread over its lanes, ROW_ACC), 4
+# groups per program, one stage, was the fastest tile at both shapes in three cold sweeps on the H200
+# (13.1-13.3 us at 3584 -> 18944, 13.4-13.8 us at 18944 -> 3584, against 13.8-14.0 us for the best before).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
-                 (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1)]
+                 (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (64, 1, 4, 1)]
 _GEMV_LOCKS: dict = {}
 
 
@@ -659,7 +654,7 @@ def int4_gemv_dequant(x: torch.Tensor) -> str:
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              dequant: str | None = None, num_stages: int = 2, prefetch: bool = False) -> torch.Tensor:
+              dequant: str | None = None, num_stages: int = 2) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
     Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
@@ -705,8 +700,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), PREFETCH=prefetch and dequant == "f16x2",
-            num_warps=num_warps, num_stages=1)
+            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1)
     else:
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
