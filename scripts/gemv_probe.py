@@ -373,6 +373,20 @@ ROUNDS = {
     10: dict(shipped=True, layouts=((128, 1), (128, 2), (256, 2), (512, 4)),
              mma_layouts=((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (128, 4)),
              groups_per_program=(1, 2, 4), stages=(1, 2)),
+    # Round 11 (H200, cold; scripts/gemv_tma_probe.py asked why first): 64 columns on one warp, 4 groups
+    # per program, was the fastest tile there (13.1-13.3 / 13.4-13.8 us). Narrower still, and the
+    # groups per program around 4?
+    # Answer (gemv_probe_round11.md): 32 columns, split 6 / 30: 12.5 / 13.1 us, against 13.2 / 13.4 us
+    # for the 64-column default; neighbouring splits of the same tile up to 15.6 us.
+    11: dict(shipped=True, layouts=((32, 1), (64, 1), (64, 2)), groups_per_program=(2, 3, 4, 5, 6), stages=(1,)),
+    # Round 12: narrower yet (16 columns: 4 lanes a row, 8 packed-row pairs side by side), and how
+    # repeatable the split's effect is (each config timed twice).
+    # Answer (gemv_probe_round12.md): the repeats agree within 0.1 us, so a split's effect is real, not
+    # noise (32 columns: split 6 12.5 us, split 7 15.4 us); 16 columns and two warps lose.
+    12: dict(shipped=True, layouts=((16, 1), (32, 1), (32, 2), (16, 1), (32, 1)), groups_per_program=(3, 4, 5, 6, 8),
+             stages=(1,)),
+    # Round 13: the one-warp 32- and 64-column tiles over more splits, beside the benchmark.
+    13: dict(shipped=True, layouts=((32, 1), (64, 1)), groups_per_program=(3, 5, 6, 7, 8, 9, 10, 12), stages=(1,)),
 }
 
 
