@@ -11,8 +11,18 @@ and cp.async stages (Triton's pipeliner) cost the shared memory that residency n
    dot wants them) issued by the copy engine, NUM_STAGES groups ahead, with no registers or address
    math per byte in flight. Does that keep DRAM busy while the math runs?
 
+Answers on the H200 (docs/device-runs/20261123-lab05-kernels-h200/gemv_probe_round11_*.md): the read
+floor is 9.0 us (88-90 % of copy); the shipped access pattern without the math 11.3 us at best and
+12.2-13.2 us for most tiles, so most of the gap is there before any math; TMA lost (14.8 / 15.3 us at best
+against 14.0 us for the shipped kernel's 128-column tile in the same run); so did an L2 prefetch of a program's groups
+(13.1 -> 16.4 us), and loading the next group before this one's math did nothing (13.3 -> 13.6 us,
+13.4 -> 13.4 us); both were removed from utils.kernels after; codes repacked per column block (--part tiled) 13.1 / 13.3 us, no better
+than the GPTQ layout.
+
     python scripts/gemv_tma_probe.py              # GPU (sm_90): the table, $OUT/gemv_tma_probe.md
     python scripts/gemv_tma_probe.py --quick      # one config per shape, to check it compiles and is right
+    python scripts/gemv_tma_probe.py --part pattern   # the read floor and the access pattern without the math
+    python scripts/gemv_tma_probe.py --part tiled     # the shipped loop over codes repacked per column block
 """
 from __future__ import annotations
 
