@@ -387,6 +387,9 @@ ROUNDS = {
              stages=(1,)),
     # Round 13: the one-warp 32- and 64-column tiles over more splits, beside the benchmark.
     13: dict(shipped=True, layouts=((32, 1), (64, 1)), groups_per_program=(3, 5, 6, 7, 8, 9, 10, 12), stages=(1,)),
+    # Round 14: the access pattern alone costs 11.3 us and more (round 11), with one group's loads in flight
+    # per warp. AT_ONCE loads all of a program's groups (2, 4 or 8) with one set of loads, then computes.
+    14: dict(shipped=True, at_once=(2, 4, 8), layouts=((32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (256, 4))),
 }
 
 
@@ -450,6 +453,14 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
     kinds = [("mma", sweep["layouts"])] if sweep.get("mma") else [("shipped", sweep["layouts"])]
     if sweep.get("mma_layouts"):
         kinds.append(("mma", sweep["mma_layouts"]))
+    if sweep.get("at_once"):
+        for bn, nw in sweep["layouts"]:
+            for ao in sweep["at_once"]:
+                cfg = dict(block_n=bn, num_warps=nw, split_k=triton.cdiv(ng, ao), at_once=ao)
+                best = time_variant(lambda *o, c=cfg: kernels.int4_gemv(*o, group_size=128, **c),
+                                    f"at_once={ao} bn={bn} w={nw} sk={cfg['split_k']}", cfg, K, N, ops, wd, qbytes,
+                                    t_bf, rows, device, best)
+        return best
     for kind, layouts in kinds:
         gemv = probe_mma_gemv if kind == "mma" else functools.partial(kernels.int4_gemv, group_size=128)
         for bn, nw in layouts:
