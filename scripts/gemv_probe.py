@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -282,6 +283,28 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     return y.reshape(1, N)
 
 
+def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, prefetch=False):
+    """utils.kernels.int4_gemv's fixed-tile launch (f16x2, one stage), with a register cap; returns
+    (y, the compiled kernel: n_regs, n_spills)."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    work = torch.empty((K // 128, N), device=x.device, dtype=torch.float32)
+    ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
+        x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
+        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), PREFETCH=prefetch, num_warps=num_warps,
+        num_stages=1,
+        **({"maxnreg": maxnreg} if maxnreg else {}))
+    return y.reshape(1, N), ck
+
+
+def one_wave_capacity(regs: int, warps: int, sms: int) -> int:
+    """Programs of `warps` warps resident at once on sm_90: 64K registers per SM allocated 256 per warp,
+    at most 64 warps and 32 blocks per SM."""
+    per_warp = -(-regs * 32 // 256) * 256
+    return sms * min(32, (65536 // per_warp) // warps, 64 // warps)
+
+
 def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, fixup=True, f16x2=False,
                num_warps=4, num_stages=1, group_size=128, fix_unroll=False):
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -387,9 +410,24 @@ ROUNDS = {
              stages=(1,)),
     # Round 13: the one-warp 32- and 64-column tiles over more splits, beside the benchmark.
     13: dict(shipped=True, layouts=((32, 1), (64, 1)), groups_per_program=(3, 5, 6, 7, 8, 9, 10, 12), stages=(1,)),
-    # Round 14: the access pattern alone costs 11.3 us and more (round 11), with one group's loads in flight
-    # per warp. AT_ONCE loads all of a program's groups (2, 4 or 8) with one set of loads, then computes.
-    14: dict(shipped=True, at_once=(2, 4, 8), layouts=((32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (256, 4))),
+    # Round 14 (commit 4c33639, not kept): the access pattern alone costs 11.3 us and more (round 11), with
+    # one group's loads in flight per warp. An AT_ONCE constexpr loaded all of a program's groups (2, 4 or
+    # 8) with one set of loads, then computed them: slower at every tile (15.5 us at best against
+    # 13.2-13.3 us), gemv_probe_round14.md. Every warp then waits for all of its bytes before any math.
+    # Round 15: rounds 11-13's fast configs are the ones whose programs just fit in one wave of resident
+    # warps (32 columns: split 6 = 3552 programs, split 7 = 4144 and 3 us slower). Registers decide how
+    # many warps are resident: the sweep prints them and the one-wave capacity, and caps them (maxnreg).
+    15: dict(shipped=True, occupancy=True, layouts=((32, 1), (64, 1), (32, 2)), maxnreg=(None, 64, 80),
+             splits={28: (4, 5, 6, 7, 8, 10, 14), 148: (19, 22, 25, 30, 34, 37, 42, 50)}),
+    # Answer (gemv_probe_round15.md): yes, one full wave is what the fast configs share (32 columns split 7
+    # with registers capped at 64: 12.9 us, against 15.4 us uncapped, whose 4144 programs need a second
+    # wave), but a fuller wave is not faster: 12.6 / 13.2 us at best, as before.
+    # Round 16: why then did loading the next group before this one's math (round 11, PREFETCH) not help?
+    # It was timed at splits tuned without it, and its extra registers take warps out of the wave. Here at
+    # splits that fill one wave at its own register count, and with registers capped.
+    16: dict(shipped=True, occupancy=True, layouts=((32, 1), (64, 1), (16, 1)), maxnreg=(None, 80, 96),
+             prefetch=(True,),
+             splits={28: (3, 4, 5, 6, 7), 148: (15, 19, 22, 25, 30, 37)}),
 }
 
 
@@ -453,13 +491,23 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
     kinds = [("mma", sweep["layouts"])] if sweep.get("mma") else [("shipped", sweep["layouts"])]
     if sweep.get("mma_layouts"):
         kinds.append(("mma", sweep["mma_layouts"]))
-    if sweep.get("at_once"):
+    if sweep.get("occupancy"):
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bn, nw in sweep["layouts"]:
-            for ao in sweep["at_once"]:
-                cfg = dict(block_n=bn, num_warps=nw, split_k=triton.cdiv(ng, ao), at_once=ao)
-                best = time_variant(lambda *o, c=cfg: kernels.int4_gemv(*o, group_size=128, **c),
-                                    f"at_once={ao} bn={bn} w={nw} sk={cfg['split_k']}", cfg, K, N, ops, wd, qbytes,
-                                    t_bf, rows, device, best)
+            for mr, pf in itertools.product(sweep["maxnreg"], sweep.get("prefetch", (False,))):
+                for sk in sweep["splits"][ng]:
+                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr, prefetch=pf)
+                    try:
+                        ck = launch_fixed(*ops, **cfg)[1]
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"  {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                        continue
+                    cap = one_wave_capacity(ck.n_regs, nw, sms)
+                    progs = triton.cdiv(N, bn) * sk
+                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}{' prefetch' if pf else ''}: regs {ck.n_regs} spills {ck.n_spills}, "
+                            f"{progs} programs, one wave holds {cap}")
+                    best = time_variant(lambda *o, c=cfg: launch_fixed(*o, **c)[0], what, cfg, K, N, ops, wd,
+                                        qbytes, t_bf, rows, device, best)
         return best
     for kind, layouts in kinds:
         gemv = probe_mma_gemv if kind == "mma" else functools.partial(kernels.int4_gemv, group_size=128)

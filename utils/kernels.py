@@ -446,14 +446,6 @@ def _xpairs(x32, row):
 
 
 @triton.jit
-def _xpairs_at(x32, row):
-    """_xpairs for a tensor of packed rows of any shape: the four fp16x2 pairs, each shaped like row."""
-    return tl.inline_asm_elementwise(
-        _XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + row * 4).to(tl.int64, bitcast=True)],
-        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-
-
-@triton.jit
 def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
     """The same sum with two weights per instruction (_F16X2_DOT16) over packed rows 2 r16 (qa) and
     2 r16 + 1 (qb); x must be fp16. Returns [GROUP/16, BLOCK_N]."""
@@ -470,11 +462,12 @@ def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constexpr):
+def _group_codes(qw_ptr, qz_ptr, s_ptr, g, last, rn, nmask, N, qrow, GROUP: tl.constexpr):
     """Group g's codes as even and odd packed rows ([GROUP/16, BLOCK_N] each, for the f16x2 dot), its
-    packed zeros (z - 1, as stored) and fp32 scales."""
+    packed zeros (z - 1, as stored) and fp32 scales; all zero when g >= last (a prefetch past the end)."""
     R: tl.constexpr = GROUP // 8
     r16 = tl.arange(0, R // 2)
+    nmask = nmask & (g < last)
     zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
     s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
     qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
@@ -487,14 +480,17 @@ def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constex
 @triton.jit
 def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 ROW_ACC: tl.constexpr, qrow):
+                 ROW_ACC: tl.constexpr, qrow, PREFETCH: tl.constexpr = False):
     """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last. NUM_STAGES > 1 lets
     Triton's pipeliner copy the next groups' codes into shared memory (cp.async) while this one is
     computed; 1 loads each group when it is needed. ROW_ACC (when the tile's rows are spread over warps
     or threads, BLOCK_N < 128 num_warps) keeps one sum per row and reduces across them once, at the end,
-    not once per group. qrow: the codes' row stride (N in the GPTQ layout)."""
+    not once per group. qrow: the codes' row stride (N in the GPTQ layout). PREFETCH (f16x2 only): the
+    next group's loads go out before this group's math, so loads and math overlap within a warp."""
     R: tl.constexpr = GROUP // 8
     r8 = tl.arange(0, R)
+    if PREFETCH:
+        qa_n, qb_n, zp_n, s_n = _group_codes(qw_ptr, qz_ptr, s_ptr, first, last, rn, nmask, N, qrow, GROUP)
     if ROW_ACC:
         acc = tl.zeros((R // 2 if F16X2 else R, BLOCK_N), dtype=tl.float32)
     else:
@@ -502,7 +498,12 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
             r16 = tl.arange(0, R // 2)                # needs GROUP >= 16 (int4_gemv checks)
-            qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP)
+            if PREFETCH:
+                qa, qb, zp, s = qa_n, qb_n, zp_n, s_n
+                qa_n, qb_n, zp_n, s_n = _group_codes(qw_ptr, qz_ptr, s_ptr, g + step, last, rn, nmask, N, qrow,
+                                                     GROUP)
+            else:
+                qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, last, rn, nmask, N, qrow, GROUP)
             z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
             part = _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         else:
@@ -521,36 +522,6 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     else:
         out = acc
     return out
-
-
-@triton.jit
-def _gemv_at_once(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K: tl.constexpr,
-                  GROUP: tl.constexpr, G: tl.constexpr):
-    """fp32 [BLOCK_N] partial of y over this program's G groups (pid_k, pid_k + SPLIT_K, ...; those past
-    ng masked), f16x2 dequant: one set of loads fetches all of them, then one dot computes them, so all
-    of the program's bytes are in flight at once instead of a group at a time."""
-    R2: tl.constexpr = GROUP // 16
-    g = pid_k + SPLIT_K * tl.arange(0, G)
-    gm = g < ng
-    g = tl.where(gm, g, ng - 1)                   # in bounds; masked out below (codes 0, scale 0)
-    prow = g[:, None, None] * (2 * R2) + 2 * tl.arange(0, R2)[None, :, None]     # even packed rows
-    m3 = gm[:, None, None] & nmask[None, None, :]
-    qa = tl.load(qw_ptr + prow * N + rn[None, None, :], mask=m3, other=0, eviction_policy="evict_first")
-    qb = tl.load(qw_ptr + (prow + 1) * N + rn[None, None, :], mask=m3, other=0, eviction_policy="evict_first")
-    m2 = gm[:, None] & nmask[None, :]
-    zp = tl.load(qz_ptr + g[:, None] * (N // 8) + (rn // 8)[None, :], mask=m2, other=0)
-    s = tl.load(s_ptr + g[:, None] * N + rn[None, :], mask=m2, other=0.0).to(tl.float32)
-    z = ((zp >> ((rn % 8) * 4)[None, :]) & 0xF) + 1        # GPTQ v1 stores zero - 1
-    zz = (((0x6400 + z) << 16) | (0x6400 + z))[:, None, :]
-    nz = 0xD400 + (z << 4)
-    nzz = ((nz << 16) | nz)[:, None, :]
-    x32 = x_ptr.to(tl.pointer_type(tl.int32))
-    a0, a1, a2, a3 = _xpairs_at(x32, prow)
-    b0, b1, b2, b3 = _xpairs_at(x32, prow + 1)
-    part = tl.inline_asm_elementwise(
-        _F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r", [qa, qb, zz, nzz, a0, a1, a2, a3, b0, b1, b2, b3],
-        dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
-    return tl.sum(tl.sum(part * s[:, None, :], axis=1), axis=0)
 
 
 @triton.jit
@@ -593,16 +564,13 @@ def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
                       F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
-                      AT_ONCE: tl.constexpr = 0):
+                      PREFETCH: tl.constexpr = False):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
-    if AT_ONCE > 0:
-        y = _gemv_at_once(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, AT_ONCE)
-    else:
-        y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                         NUM_STAGES, ROW_ACC, N)
+    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
+                     NUM_STAGES, ROW_ACC, N, PREFETCH)
     last = True
     if SPLIT_K > 1:
         y, last = _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
@@ -697,7 +665,7 @@ def int4_gemv_dequant(x: torch.Tensor) -> str:
 
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              dequant: str | None = None, num_stages: int = 2, at_once: int = 0) -> torch.Tensor:
+              dequant: str | None = None, num_stages: int = 2) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
     Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
@@ -726,8 +694,6 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
     _check(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
            f"the f16x2 dequant needs group_size >= 16, got {group_size}: pass dequant='f32'")
-    _check(at_once == 0 or (dequant == "f16x2" and at_once & (at_once - 1) == 0),
-           f"at_once (groups per program loaded together) needs the f16x2 dequant and a power of two, got {at_once}")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
     if x.data_ptr() % 16:
         x = x.clone()                             # f16x2 reads x 16 bytes at a time: 16-byte aligned
@@ -742,11 +708,10 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     work = torch.empty((ng, N), device=x.device, dtype=torch.float32)   # split-K partials (no fill needed)
     args = (x, qweight, qzeros, scales, y, work, locks, K, N)
     if fixed:
-        split_k = triton.cdiv(ng, at_once) if at_once else max(1, min(split_k or 1, ng))
+        split_k = max(1, min(split_k or 1, ng))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), AT_ONCE=at_once,
-            num_warps=num_warps, num_stages=1)
+            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1)
     else:
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
