@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -283,7 +282,7 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     return y.reshape(1, N)
 
 
-def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, prefetch=False):
+def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None):
     """utils.kernels.int4_gemv's fixed-tile launch (f16x2, one stage), with a register cap; returns
     (y, the compiled kernel: n_regs, n_spills)."""
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -292,8 +291,7 @@ def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, prefet
     work = torch.empty((K // 128, N), device=x.device, dtype=torch.float32)
     ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
-        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), PREFETCH=prefetch, num_warps=num_warps,
-        num_stages=1,
+        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     return y.reshape(1, N), ck
 
@@ -422,12 +420,10 @@ ROUNDS = {
     # Answer (gemv_probe_round15.md): yes, one full wave is what the fast configs share (32 columns split 7
     # with registers capped at 64: 12.9 us, against 15.4 us uncapped, whose 4144 programs need a second
     # wave), but a fuller wave is not faster: 12.6 / 13.2 us at best, as before.
-    # Round 16: why then did loading the next group before this one's math (round 11, PREFETCH) not help?
-    # It was timed at splits tuned without it, and its extra registers take warps out of the wave. Here at
-    # splits that fill one wave at its own register count, and with registers capped.
-    16: dict(shipped=True, occupancy=True, layouts=((32, 1), (64, 1), (16, 1)), maxnreg=(None, 80, 96),
-             prefetch=(True,),
-             splits={28: (3, 4, 5, 6, 7), 148: (15, 19, 22, 25, 30, 37)}),
+    # Round 16 (commit 68cdfe9, not kept): why then did loading the next group before this one's math
+    # (round 11's PREFETCH) not help? It had been timed at splits tuned without it, and its extra registers
+    # take warps out of the wave. Timed at splits that fill one wave at its own register count (80-128
+    # registers), and with registers capped: 13.4 / 13.4 us at best, no better (gemv_probe_round16.md).
 }
 
 
@@ -494,9 +490,9 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
     if sweep.get("occupancy"):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bn, nw in sweep["layouts"]:
-            for mr, pf in itertools.product(sweep["maxnreg"], sweep.get("prefetch", (False,))):
+            for mr in sweep["maxnreg"]:
                 for sk in sweep["splits"][ng]:
-                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr, prefetch=pf)
+                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr)
                     try:
                         ck = launch_fixed(*ops, **cfg)[1]
                     except Exception as exc:  # noqa: BLE001
@@ -504,7 +500,7 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
                         continue
                     cap = one_wave_capacity(ck.n_regs, nw, sms)
                     progs = triton.cdiv(N, bn) * sk
-                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}{' prefetch' if pf else ''}: regs {ck.n_regs} spills {ck.n_spills}, "
+                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}: regs {ck.n_regs} spills {ck.n_spills}, "
                             f"{progs} programs, one wave holds {cap}")
                     best = time_variant(lambda *o, c=cfg: launch_fixed(*o, **c)[0], what, cfg, K, N, ops, wd,
                                         qbytes, t_bf, rows, device, best)
