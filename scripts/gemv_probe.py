@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import os
 import sys
 from pathlib import Path
@@ -283,7 +282,7 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     return y.reshape(1, N)
 
 
-def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, cache="", evict="evict_first"):
+def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None):
     """utils.kernels.int4_gemv's fixed-tile launch (f16x2, one stage), with a register cap; returns
     (y, the compiled kernel: n_regs, n_spills)."""
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -292,8 +291,7 @@ def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, cache=
     work = torch.empty((K // 128, N), device=x.device, dtype=torch.float32)
     ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
-        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), CACHE=cache, EVICT=evict,
-        num_warps=num_warps, num_stages=1,
+        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     return y.reshape(1, N), ck
 
@@ -426,12 +424,9 @@ ROUNDS = {
     # (round 11's PREFETCH) not help? It had been timed at splits tuned without it, and its extra registers
     # take warps out of the wave. Timed at splits that fill one wave at its own register count (80-128
     # registers), and with registers capped: 13.4 / 13.4 us at best, no better (gemv_probe_round16.md).
-    # Round 17: the codes' cache policy (read once: ld.global's .cg skips L1, .cs streams, evict_first
-    # or no hint) at the one-wave configs.
-    17: dict(shipped=True, occupancy=True, layouts=((32, 1), (64, 1)), maxnreg=(None,),
-             caching=[("", "evict_first"), ("", ""), (".cg", "evict_first"), (".cg", ""), (".cs", ""),
-                      ("", "evict_last")],
-             splits={28: (5, 6, 7), 148: (25, 30, 37)}),
+    # Round 17 (commit a06e190, not kept): the codes' cache policy at the one-wave configs. The shipped
+    # evict_first is fastest; no hint, .cg or evict_last cost 1.0-1.5 us; .cg with evict_first does not
+    # assemble (gemv_probe_round17.md).
 }
 
 
@@ -498,9 +493,9 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
     if sweep.get("occupancy"):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bn, nw in sweep["layouts"]:
-            for mr, (cache, evict) in itertools.product(sweep["maxnreg"], sweep.get("caching", [("", "evict_first")])):
+            for mr in sweep["maxnreg"]:
                 for sk in sweep["splits"][ng]:
-                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr, cache=cache, evict=evict)
+                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr)
                     try:
                         ck = launch_fixed(*ops, **cfg)[1]
                     except Exception as exc:  # noqa: BLE001
@@ -508,7 +503,7 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
                         continue
                     cap = one_wave_capacity(ck.n_regs, nw, sms)
                     progs = triton.cdiv(N, bn) * sk
-                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr} {cache or '-'} {evict or '-'}: regs {ck.n_regs} spills {ck.n_spills}, "
+                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}: regs {ck.n_regs} spills {ck.n_spills}, "
                             f"{progs} programs, one wave holds {cap}")
                     best = time_variant(lambda *o, c=cfg: launch_fixed(*o, **c)[0], what, cfg, K, N, ops, wd,
                                         qbytes, t_bf, rows, device, best)

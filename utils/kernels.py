@@ -462,8 +462,7 @@ def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constexpr, CACHE: tl.constexpr = "",
-                 EVICT: tl.constexpr = "evict_first"):
+def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constexpr):
     """Group g's codes as even and odd packed rows ([GROUP/16, BLOCK_N] each, for the f16x2 dot), its
     packed zeros (z - 1, as stored) and fp32 scales."""
     R: tl.constexpr = GROUP // 8
@@ -471,16 +470,16 @@ def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constex
     zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
     s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
     qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
-                 eviction_policy=EVICT, cache_modifier=CACHE)   # read once: keep x and the partials in L2
+                 eviction_policy="evict_first")       # read once: keep x and the partials in L2
     qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
-                 eviction_policy=EVICT, cache_modifier=CACHE)
+                 eviction_policy="evict_first")
     return qa, qb, zp, s
 
 
 @triton.jit
 def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, F16X2: tl.constexpr, NUM_STAGES: tl.constexpr,
-                 ROW_ACC: tl.constexpr, qrow, CACHE: tl.constexpr = "", EVICT: tl.constexpr = "evict_first"):
+                 ROW_ACC: tl.constexpr, qrow):
     """fp32 [BLOCK_N] partial of y over groups first, first + step, ... < last. NUM_STAGES > 1 lets
     Triton's pipeliner copy the next groups' codes into shared memory (cp.async) while this one is
     computed; 1 loads each group when it is needed. ROW_ACC (when the tile's rows are spread over warps
@@ -495,7 +494,7 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
         if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
             r16 = tl.arange(0, R // 2)                # needs GROUP >= 16 (int4_gemv checks)
-            qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP, CACHE, EVICT)
+            qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP)
             z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
             part = _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         else:
@@ -555,14 +554,13 @@ def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
-                      CACHE: tl.constexpr = "", EVICT: tl.constexpr = "evict_first"):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                     NUM_STAGES, ROW_ACC, N, CACHE, EVICT)
+                     NUM_STAGES, ROW_ACC, N)
     last = True
     if SPLIT_K > 1:
         y, last = _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
