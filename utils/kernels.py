@@ -589,6 +589,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # groups per program, one stage, was the fastest tile at both shapes in three cold sweeps on the H200
 # (13.1-13.3 us at 3584 -> 18944, 13.4-13.8 us at 18944 -> 3584, against 13.8-14.0 us for the best before);
 # 32 columns with 5 groups per program (split 6 / 30) faster still, 12.5 / 13.1 us (rounds 11 and 12).
+# Why these: their programs just fit in one wave of resident warps (round 15: 32 columns take 72
+# registers, 3696 one-warp programs fit on 132 SMs; split 6 makes 3552, split 7 makes 4144 and is 3 us
+# slower). Nothing that left that grid shape beat them (rounds 14-17, scripts/gemv_probe.py).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (64, 1, 4, 1), (32, 1, 5, 1)]
 _GEMV_LOCKS: dict = {}
