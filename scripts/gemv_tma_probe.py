@@ -6,7 +6,8 @@ loads a group, computes it, loads the next, so loads and math alternate in lock-
 and cp.async stages (Triton's pipeliner) cost the shared memory that residency needs. Two questions:
 
 1. The floor: how long does merely READING the same bytes take, cold, with a streaming kernel that
-   does nothing else (and torch's own reduction over them)? That is the most a GEMV can hope for.
+   does nothing else (utils.kernels.stream_read, and torch's own reduction over them)? That is the
+   most a GEMV can hope for. (Round 11's 64 KB rows ran with 8 warps; stream_read launches 4.)
 2. TMA: the codes of a group come as two bulk tensor copies (even and odd packed rows, as the f16x2
    dot wants them) issued by the copy engine, NUM_STAGES groups ahead, with no registers or address
    math per byte in flight. Does that keep DRAM busy while the math runs?
@@ -41,26 +42,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from utils import kernels  # noqa: E402
 import gemv_probe as gp  # noqa: E402
-
-
-@triton.jit
-def _read_floor_kernel(q_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    """Read BLOCK int32 per program (16-byte loads), xor them, write one int32: DRAM reads and nothing else."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    q = tl.load(q_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
-    tl.store(out_ptr + tl.program_id(0), tl.reduce(q, 0, _xor))
-
-
-@triton.jit
-def _xor(a, b):
-    return a ^ b
-
-
-def read_floor(q, block=4096, num_warps=4):
-    n = q.numel()
-    out = torch.empty(triton.cdiv(n, block), device=q.device, dtype=torch.int32)
-    _read_floor_kernel[(triton.cdiv(n, block),)](q, out, n, BLOCK=block, num_warps=num_warps)
-    return out
 
 
 @triton.jit
@@ -221,13 +202,12 @@ def main():
         ops = (x, qw, qz, s)
         w_bf16 = wd.t().contiguous().to(torch.bfloat16)
         t_bf = gp.time_ops(torch.nn.functional.linear, (x.to(torch.bfloat16), w_bf16))
-        t_bf_floor = roofline.time_cold(lambda w: read_floor(w.view(torch.int32)), (w_bf16,), device)
+        t_bf_floor = roofline.time_cold(kernels.stream_read, (w_bf16,), device)
         print(f"{K}->{N}: bf16 F.linear {t_bf * 1e6:.1f} us; reading its 2-byte weights alone "
               f"{t_bf_floor * 1e6:.1f} us", flush=True)
-        for what, fn in [("read floor: Triton stream of the codes, 16 KB per program",
-                          lambda q: read_floor(q)),
+        for what, fn in [("read floor: Triton stream of the codes, 16 KB per program", kernels.stream_read),
                          ("read floor: Triton stream of the codes, 64 KB per program",
-                          lambda q: read_floor(q, block=16384, num_warps=8)),
+                          lambda q: kernels.stream_read(q, block=16384)),
                          ("read floor: torch.sum of the codes", lambda q: q.sum())]:
             t = roofline.time_cold(fn, (qw,), device)
             rows.append((K, N, what, t, qw.numel() * 4, t_bf))

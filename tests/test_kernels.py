@@ -232,3 +232,20 @@ def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
     assert kernels._gemv_locks(x.device, 1).numel() >= 1032
     assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
+
+
+def test_stream_read_reads_every_word():
+    """The read floor's kernel: its xor per block of words equals numpy's, ragged last block included,
+    for int32 codes and for fp16 data (viewed as words); odd byte counts get a clear error."""
+    import numpy as np
+    torch.manual_seed(6)
+    q = torch.randint(-2**31, 2**31 - 1, (10_000,), dtype=torch.int32)      # 2 x 4096 + 1808
+    out = kernels.stream_read(q.to(DEVICE), block=4096)
+    ref = [int(np.bitwise_xor.reduce(c.numpy())) for c in q.split(4096)]
+    assert out.cpu().tolist() == ref
+    h = torch.randn(64, 33).half()                                          # 2112 halves = 1056 words
+    words = h.reshape(-1).view(torch.int32)
+    assert kernels.stream_read(h.to(DEVICE), block=512).cpu().tolist() == [
+        int(np.bitwise_xor.reduce(c.numpy())) for c in words.split(512)]
+    with pytest.raises(ValueError, match="multiple of 4 bytes"):
+        kernels.stream_read(torch.zeros(3, dtype=torch.float16, device=DEVICE))
