@@ -14,11 +14,11 @@ and cp.async stages (Triton's pipeliner) cost the shared memory that residency n
 
 Answers on the H200 (docs/device-runs/20261123-lab05-kernels-h200/gemv_probe_round11_*.md): the read
 floor is 9.0 us (88-90 % of copy); the shipped access pattern without the math 11.3 us at best and
-12.2-13.2 us for most tiles, so most of the gap is there before any math; TMA lost (14.8 / 15.3 us at best
-against 14.0 us for the shipped kernel's 128-column tile in the same run); so did an L2 prefetch of a program's groups
-(13.1 -> 16.4 us), and loading the next group before this one's math did nothing (13.3 -> 13.6 us,
-13.4 -> 13.4 us); both were removed from utils.kernels after; codes repacked per column block (--part tiled) 13.1 / 13.3 us, no better
-than the GPTQ layout.
+12.2-13.2 us for most tiles, so most of the gap is there before any math; TMA lost (14.8 / 15.3 us at
+best against 14.0 us for the shipped kernel's 128-column tile in the same run); so did an L2 prefetch of
+a program's groups (13.1 -> 16.4 us), and loading the next group before this one's math did nothing
+(13.3 -> 13.6 us, 13.4 -> 13.4 us); both were removed from utils.kernels after; codes repacked per
+column block (--part tiled) 13.1 / 13.3 us, no better than the GPTQ layout.
 
     python scripts/gemv_tma_probe.py              # GPU (sm_90): the table, $OUT/gemv_tma_probe.md
     python scripts/gemv_tma_probe.py --quick      # one config per shape, to check it compiles and is right
@@ -61,9 +61,7 @@ def _tma_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, lo
     for g in tl.range(pid_k, K // GROUP, SPLIT_K, num_stages=NUM_STAGES):
         qa = qa_desc.load([g * R2, n0])           # packed rows 2 r16 of group g: one bulk copy
         qb = qb_desc.load([g * R2, n0])           # packed rows 2 r16 + 1
-        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
-        z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
-        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        z, s = kernels._group_zeros_scales(qz_ptr, s_ptr, g, rn, nmask, N)
         part = kernels._group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         if ROW_ACC:
             acc += part * s[None, :]

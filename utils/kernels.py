@@ -462,18 +462,13 @@ def _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP: tl.constexpr):
-    """Group g's codes as even and odd packed rows ([GROUP/16, BLOCK_N] each, for the f16x2 dot), its
-    packed zeros (z - 1, as stored) and fp32 scales."""
-    R: tl.constexpr = GROUP // 8
-    r16 = tl.arange(0, R // 2)
+def _group_zeros_scales(qz_ptr, s_ptr, g, rn, nmask, N):
+    """Group g's zero points z (GPTQ v1 stores z - 1, eight 4-bit values per int32) and fp32 scales,
+    per column rn."""
     zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+    z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1
     s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
-    qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
-                 eviction_policy="evict_first")       # read once: keep x and the partials in L2
-    qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
-                 eviction_policy="evict_first")
-    return qa, qb, zp, s
+    return z, s
 
 
 @triton.jit
@@ -492,15 +487,15 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
     else:
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for g in tl.range(first, last, step, num_stages=NUM_STAGES):
+        z, s = _group_zeros_scales(qz_ptr, s_ptr, g, rn, nmask, N)
         if F16X2:   # even and odd packed rows apart: one asm call takes one of each (16 weights)
             r16 = tl.arange(0, R // 2)                # needs GROUP >= 16 (int4_gemv checks)
-            qa, qb, zp, s = _group_codes(qw_ptr, qz_ptr, s_ptr, g, rn, nmask, N, qrow, GROUP)
-            z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1    # GPTQ v1 stores zero - 1
+            qa = tl.load(qw_ptr + (g * R + 2 * r16)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
+                         eviction_policy="evict_first")       # read once: keep x and the partials in L2
+            qb = tl.load(qw_ptr + (g * R + 2 * r16 + 1)[:, None] * qrow + rn[None, :], mask=nmask[None, :],
+                         other=0, eviction_policy="evict_first")
             part = _group_dot_f16x2(qa, qb, z, x_ptr, g, r16, GROUP)
         else:
-            zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
-            z = ((zp >> ((rn % 8) * 4)) & 0xF) + 1
-            s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
             q = tl.load(qw_ptr + (g * R + r8)[:, None] * qrow + rn[None, :], mask=nmask[None, :], other=0,
                         eviction_policy="evict_first")
             part = _group_dot_f32(q, z, x_ptr, g, r8, GROUP)
