@@ -217,6 +217,26 @@ ROUNDS[4] = [("TMA", grouped_tma_fixed, (128, 256, 64, 3, 8, False)),
 # The flattened persistent kernel above is not warp-specialized by Triton 3.6 on sm_90 (warp_specialize=True
 # there, compiled here for sm_90, gave 4 warps and 255 registers); round 2's configs were
 # ("persistent TMA", grouped_tma_persistent, (BM, BN, 64, stages, warps)) for 128x256, 128x128, 256x128.
+# Round 5 (H200, this session): did round 3 hang, or only compile for longer than its 45-60 s? Each
+# warp-specialized config alone, 240 s each, the first call's time (compile + run) printed apart.
+ROUNDS[5] = [("persistent, device descriptors, warp-specialized", grouped_ws_devdesc, (128, 256, 64, 3, 4, True)),
+             ("persistent TMA, tiles then K, warp-specialized", grouped_ws_persistent, (128, 256, 64, 3, 4, True))]
+# Answer (grouped_probe_round5.log in the 2026-11-24 H200 run folder): the device-descriptor form compiles
+# in 2 s and runs: 0.94x the loop at 8 x 2048 rows (the shipped kernel 0.96x in the same run), 1.04x at
+# 8 x 512, 3.61x at 64 x 128; the host-descriptor form hangs (no result in 240 s). Round 6: its knobs.
+_WS = "persistent, device descriptors, warp-specialized"
+ROUNDS[6] = [(_WS, grouped_ws_devdesc, (128, 256, 64, 4, 4, True)),
+             (_WS + ", no offs loads (uniform groups only)", grouped_ws_devdesc, (128, 256, 64, 3, 4, True, True)),
+             (_WS + ", GROUP_M 16", grouped_ws_devdesc, (128, 256, 64, 3, 4, True, False, 16)),
+             (_WS, grouped_ws_devdesc, (128, 128, 64, 5, 4, True)),
+             (_WS, grouped_ws_devdesc, (256, 128, 64, 3, 4, True)),
+             ("persistent, device descriptors", grouped_ws_devdesc, (128, 256, 64, 4, 8, False))]
+# Answer (grouped_probe_round6.log): the best is 0.97x at 8 x 2048 rows, warp-specialized with 4 stages
+# (654 TFLOP/s) and the same persistent kernel without warp specialization, 8 warps, 4 stages (656),
+# against 649 for the shipped kernel and 676 for the loop. No offs loads 0.94x, GROUP_M 16 0.96x,
+# 256 x 128 0.94x. 128 x 128 x 64 with 5 stages, warp-specialized, returned NaN at every shape (a wrong
+# result, not a slow one: Triton 3.6's sm_90 warp specialization, or its TMA descriptors made in the
+# kernel, at that tile; the same kernel is right at the other tiles).
 SHAPES = [(8, 2048, 4096, 4096), (8, 512, 4096, 4096), (64, 128, 2048, 1408)]
 
 
@@ -230,7 +250,11 @@ def time_config(round_: int, index: int):
         flop = 2 * G * m * K * N
         t_loop = roofline.time_kernel(lambda: kernels.grouped_matmul_loop(a, b, sizes), "cuda")
         try:
+            import time
+            t0 = time.time()
             out = fn(a, b, offs, m, *cfg)
+            torch.cuda.synchronize()
+            print(f"  {name} {cfg} at {G}x{m}: first call (compile + run) {time.time() - t0:.1f} s", flush=True)
             err = metrics.relative_l2(out, ref)
             assert err <= metrics.matmul_error_bound(dt, K), f"rel L2 {err:.3g}"
             t = roofline.time_kernel(lambda: fn(a, b, offs, m, *cfg), "cuda")
@@ -246,6 +270,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--round", type=int, choices=sorted(ROUNDS), default=max(ROUNDS), help="which round's configs")
     ap.add_argument("--config", type=int, help=argparse.SUPPRESS)    # the child process: one config
+    ap.add_argument("--timeout", type=int, default=45, help="seconds each config may take (its own process)")
     args = ap.parse_args()
     if args.config is not None:
         return time_config(args.round, args.config)
@@ -262,10 +287,10 @@ def main():
               f"{t_loop / t_ship:.2f} |", flush=True)
     for i, (name, _, cfg) in enumerate(ROUNDS[args.round]):
         try:
-            subprocess.run([sys.executable, __file__, "--round", str(args.round), "--config", str(i)], timeout=45,
-                           check=False)
+            subprocess.run([sys.executable, __file__, "--round", str(args.round), "--config", str(i)],
+                           timeout=args.timeout, check=False)
         except subprocess.TimeoutExpired:
-            print(f"  {name} {cfg}: no result in 45 s (a hang?)", flush=True)
+            print(f"  {name} {cfg}: no result in {args.timeout} s (a hang?)", flush=True)
 
 
 if __name__ == "__main__":
