@@ -282,25 +282,26 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     return y.reshape(1, N)
 
 
-def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None):
-    """utils.kernels.int4_gemv's fixed-tile launch (f16x2, one stage), with a register cap; returns
-    (y, the compiled kernel: n_regs, n_spills)."""
+def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, num_stages=1):
+    """utils.kernels.int4_gemv's fixed-tile launch (f16x2), with a register cap; returns (y, the compiled
+    kernel: n_regs, n_spills, metadata.shared)."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
     work = torch.empty((K // 128, N), device=x.device, dtype=torch.float32)
     ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
-        NUM_STAGES=1, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,
+        NUM_STAGES=num_stages, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     return y.reshape(1, N), ck
 
 
-def one_wave_capacity(regs: int, warps: int, sms: int) -> int:
+def one_wave_capacity(regs: int, warps: int, sms: int, shared: int = 0) -> int:
     """Programs of `warps` warps resident at once on sm_90: 64K registers per SM allocated 256 per warp,
-    at most 64 warps and 32 blocks per SM."""
+    at most 64 warps and 32 blocks per SM, and 228 KiB of shared memory (1 KiB of it reserved per block)."""
     per_warp = -(-regs * 32 // 256) * 256
-    return sms * min(32, (65536 // per_warp) // warps, 64 // warps)
+    by_smem = 233472 // (shared + 1024) if shared else 32
+    return sms * min(32, (65536 // per_warp) // warps, 64 // warps, by_smem)
 
 
 def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, fixup=True, f16x2=False,
@@ -427,6 +428,17 @@ ROUNDS = {
     # Round 17 (commit a06e190, not kept): the codes' cache policy at the one-wave configs. The shipped
     # evict_first is fastest; no hint, .cg or evict_last cost 1.0-1.5 us; .cg with evict_first does not
     # assemble (gemv_probe_round17.md).
+    # Round 18 is scripts/gemv_persistent_probe.py. Round 19: Triton's cp.async stages were last timed
+    # (round 10, cold) on 128-column tiles, before the one-wave tiles of rounds 11-15 (all one stage).
+    # Stages keep the next group's bytes in flight in shared memory, not in registers, so they need not
+    # take warps out of the wave (the printed capacity counts shared memory too).
+    19: dict(shipped=True, occupancy=True, layouts=((32, 1), (64, 1)), maxnreg=(None,), stages=(1, 2, 3),
+             splits={28: (4, 5, 6, 7, 8), 148: (25, 30, 37, 42, 50)}),
+    # Answer (gemv_probe_round19.md, 2026-11-24 H200 run folder): no. At every tile and split, 2 or 3
+    # stages were slower than one: 15.4 / 15.6 us at best against 12.5 / 13.2 us (32 columns, split 6
+    # / 30, one stage, as before), though the shared memory they take left the one-wave capacity as it
+    # was at the fast splits. Also from this run: 32 columns beat 64 at both shapes again, so the
+    # 64-column tile left the autotuner's candidates (utils/kernels.py says why).
 }
 
 
@@ -493,18 +505,18 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
     if sweep.get("occupancy"):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for bn, nw in sweep["layouts"]:
-            for mr in sweep["maxnreg"]:
+            for mr, st in [(m, st) for m in sweep["maxnreg"] for st in sweep.get("stages", (1,))]:
                 for sk in sweep["splits"][ng]:
-                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr)
+                    cfg = dict(block_n=bn, num_warps=nw, split_k=sk, maxnreg=mr, num_stages=st)
                     try:
                         ck = launch_fixed(*ops, **cfg)[1]
                     except Exception as exc:  # noqa: BLE001
                         print(f"  {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                         continue
-                    cap = one_wave_capacity(ck.n_regs, nw, sms)
+                    cap = one_wave_capacity(ck.n_regs, nw, sms, ck.metadata.shared)
                     progs = triton.cdiv(N, bn) * sk
-                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}: regs {ck.n_regs} spills {ck.n_spills}, "
-                            f"{progs} programs, one wave holds {cap}")
+                    what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}" + (f" stages={st}" if st > 1 else "")
+                            + f": regs {ck.n_regs} spills {ck.n_spills}, {progs} programs, one wave holds {cap}")
                     best = time_variant(lambda *o, c=cfg: launch_fixed(*o, **c)[0], what, cfg, K, N, ops, wd,
                                         qbytes, t_bf, rows, device, best)
         return best
