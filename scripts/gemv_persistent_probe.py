@@ -205,12 +205,8 @@ def main():
                    + [dict(block_n=bn, num_warps=w, num_stages=st, progs_per_sm=pp, tma=True)
                       for bn, w, pp in ((256, 8, 1), (256, 4, 2), (128, 4, 2)) for st in (3, 4)])
     for K, N in ((3584, 18944), (18944, 3584)):
-        qw, qz, s, wd = gp.shape_setup(K, N, device)
-        x = torch.randn(1, K, device=device, dtype=torch.float16)
-        qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
-        ops = (x, qw, qz, s)
-        w_bf16 = wd.t().contiguous().to(torch.bfloat16)
-        t_bf = gp.time_ops(torch.nn.functional.linear, (x.to(torch.bfloat16), w_bf16))
+        ops, wd, qbytes, t_bf = gp.shape_case(K, N, device)
+        x, qw, qz, s = ops
         t_floor = gp.time_ops(lambda q, *_: kernels.stream_read(q), (qw, qz, s, x))
         rows.append((K, N, "read floor: stream_read of the codes", t_floor, qw.numel() * 4, t_bf))
         t = gp.time_ops(lambda *o: kernels.int4_gemv(*o, 128), ops)
@@ -220,20 +216,12 @@ def main():
         best = None
         for cfg in configs:
             what = "persistent " + " ".join(f"{k}={v}" for k, v in cfg.items())
-            n = len(rows)
             best = gp.time_variant(lambda *o, c=cfg: persistent_gemv(*o, **c), what, cfg, K, N, ops, wd, qbytes,
                                    t_bf, rows, device, best)
-            if len(rows) > n:
-                rows[-1] = rows[-1][:6]
         t = gp.time_ops(lambda *o: kernels.int4_gemv(*o, 128), ops)
         rows.append((K, N, "shipped int4_gemv (default), again", t, qbytes, t_bf))
         _DESCS.clear()
-    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
-    for K, N, what, t, qb, tb in sorted(rows, key=lambda r: (r[0], r[3])):
-        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy:.0%} "
-                     f"| {tb / t:.2f} |")
-    (out / "gemv_persistent_probe.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(gp.write_table(rows, copy, out / "gemv_persistent_probe.md")))
 
 
 if __name__ == "__main__":

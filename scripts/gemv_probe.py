@@ -455,6 +455,17 @@ def shape_setup(K, N, device):
     return qw, qz, s, wd
 
 
+def shape_case(K, N, device):
+    """One GEMV shape for a sweep: operands (x, qw, qz, s), the fp32 dequantized weights, the bytes a
+    GEMV moves, and the bf16 F.linear baseline's time on the same weights (timed as time_ops times)."""
+    qw, qz, s, wd = shape_setup(K, N, device)
+    x = torch.randn(1, K, device=device, dtype=torch.float16)
+    qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
+    w_bf16 = wd.t().contiguous().to(torch.bfloat16)
+    t_bf = time_ops(torch.nn.functional.linear, (x.to(torch.bfloat16), w_bf16))
+    return (x, qw, qz, s), wd, qbytes, t_bf
+
+
 def check(fn, qw, qz, s, wd, K, device, what):
     """fn(x, qw, qz, s) against the fp32 reference, twice."""
     for seed in (1, 2):   # fresh x each time; a second call also checks the locks were reset
@@ -477,6 +488,17 @@ def time_ops(fn, ops) -> float:
     if HOT["on"]:
         return roofline.time_kernel(lambda: fn(*ops), "cuda")
     return roofline.time_cold(fn, ops, "cuda")
+
+
+def write_table(rows, copy_gbps: float, path) -> list[str]:
+    """The probes' markdown table, fastest first per shape, written to path; rows start (K, N, variant,
+    seconds, bytes moved, bf16 seconds). Returns its lines."""
+    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
+    for K, N, what, t, qb, tb, *_ in sorted(rows, key=lambda r: (r[0], r[3])):
+        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy_gbps:.0%} "
+                     f"| {tb / t:.2f} |")
+    Path(path).write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def time_variant(fn, what, cfg, K, N, ops, wd, qbytes, t_bf, rows, device, best):
@@ -576,13 +598,7 @@ def main():
     print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
     rows, best_cfgs = [], []
     for K, N in shapes:
-        qw, qz, s, wd = shape_setup(K, N, device)
-        x = torch.randn(1, K, device=device, dtype=torch.float16)
-        qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
-        w_bf16 = wd.t().contiguous().to(torch.bfloat16)
-        xb = x.to(torch.bfloat16)
-        ops = (x, qw, qz, s)
-        t_bf = time_ops(torch.nn.functional.linear, (xb, w_bf16))
+        ops, wd, qbytes, t_bf = shape_case(K, N, device)
         shipped = lambda *o: kernels.int4_gemv(*o, 128)  # noqa: E731
         t_ship = time_ops(shipped, ops)
         rows.append((K, N, "shipped int4_gemv (default)", t_ship, qbytes, t_bf, None))
@@ -604,10 +620,7 @@ def main():
                                         K, N, ops, wd, qbytes, t_bf, rows, device, best)
         best_cfgs.append(best[1])
     (out / "gemv_best.json").write_text(json.dumps(best_cfgs))
-    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
-    for K, N, what, t, qb, tb, _ in sorted(rows, key=lambda r: (r[0], r[3])):
-        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy:.0%} | {tb / t:.2f} |")
-    (out / "gemv_probe.md").write_text("\n".join(lines) + "\n")
+    lines = write_table(rows, copy, out / "gemv_probe.md")
     for K, N in shapes:   # the shipped kernel and the six fastest variants of each shape
         mine = [ln for ln in lines[2:] if ln.startswith(f"| {K}->{N} ")]
         print("\n".join(lines[:2] + [ln for ln in mine if "shipped" in ln] + mine[:6]))

@@ -194,13 +194,9 @@ def main():
     rows = []
     shapes = ((3584, 18944), (18944, 3584))
     for K, N in shapes:
-        qw, qz, s, wd = gp.shape_setup(K, N, device)
-        x = torch.randn(1, K, device=device, dtype=torch.float16)
-        qbytes = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + K * 2 + N * 2
-        ops = (x, qw, qz, s)
-        w_bf16 = wd.t().contiguous().to(torch.bfloat16)
-        t_bf = gp.time_ops(torch.nn.functional.linear, (x.to(torch.bfloat16), w_bf16))
-        t_bf_floor = roofline.time_cold(kernels.stream_read, (w_bf16,), device)
+        ops, wd, qbytes, t_bf = gp.shape_case(K, N, device)
+        x, qw, qz, s = ops
+        t_bf_floor = roofline.time_cold(kernels.stream_read, (wd.t().contiguous().to(torch.bfloat16),), device)
         print(f"{K}->{N}: bf16 F.linear {t_bf * 1e6:.1f} us; reading its 2-byte weights alone "
               f"{t_bf_floor * 1e6:.1f} us", flush=True)
         for what, fn in [("read floor: Triton stream of the codes, 16 KB per program", kernels.stream_read),
@@ -254,18 +250,10 @@ def main():
                     for ra in ((False,) if bn >= 128 * nw else (True,)):
                         cfg = dict(block_n=bn, num_warps=nw, split_k=sk, num_stages=ns, row_acc=ra)
                         what = f"tma bn={bn} w={nw} sk={sk} stages={ns}"
-                        rows_before = len(rows)
                         best = gp.time_variant(lambda *o, c=cfg: tma_gemv(*o, **c), what, cfg, K, N, ops, wd,
                                                qbytes, t_bf, rows, device, best)
-                        if len(rows) > rows_before:
-                            rows[-1] = rows[-1][:6]
         _DESCS.clear()
-    lines = ["| shape | variant | us | GB/s | % copy | x bf16 |", "|---|---|---|---|---|---|"]
-    for K, N, what, t, qb, tb in sorted(rows, key=lambda r: (r[0], r[3])):
-        lines.append(f"| {K}->{N} | {what} | {t * 1e6:.1f} | {qb / t / 1e9:.0f} | {qb / t / 1e9 / copy:.0%} "
-                     f"| {tb / t:.2f} |")
-    (out / "gemv_tma_probe.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print("\n".join(gp.write_table(rows, copy, out / "gemv_tma_probe.md")))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ def _grouped_tma_persistent_kernel(a_desc, b_desc, c_ptr, offs_ptr, G, N, K, scm
     num_m, num_n = tl.cdiv(MAX_ROWS, BLOCK_M), tl.cdiv(N, BLOCK_N)
     per_group = num_m * num_n
     k_tiles = K // BLOCK_K
-    total = G * per_group * k_tiles
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     zero = tl.program_id(0) * 0                  # int32 scalars, so the loop-carried types never change
     tile = tl.program_id(0) - NUM_SMS
