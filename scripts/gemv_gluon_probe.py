@@ -1,0 +1,194 @@
+"""Int4 GEMV round 20 (a bench, not a test): warp-specialized, written in Gluon with its layouts stated.
+
+Round 18 (scripts/gemv_persistent_probe.py) found the shipped GEMV bound by instruction issue: of the 363
+SASS instructions its loop spends per group, 238 are the dequant and the dot; the rest are address math,
+the zeros' and scales' layout conversions through shared memory, and the wait on each group's loads,
+which every warp issues and then waits for itself. Here one producer warp issues each group's codes as
+two TMA bulk copies (even and odd packed rows) into a ring of STAGES shared-memory buffers, signalled by
+mbarriers, and the compute warps only read the ring, with a register layout given once (Gluon's
+BlockedLayout: each thread 2 packed rows x 4 columns of each tile), so there are no per-element
+addresses and no layout conversions. The math is the shipped kernel's inline PTX (utils.kernels'
+_F16X2_DOT16, two packed int32 per call). Each CTA takes one column block and a contiguous run of
+groups; the split-K fix-up is the shipped one (partials, a counter, the last CTA adds them in order).
+
+Answer (H200, gemv_gluon_probe.md in docs/device-runs/20261124-lab05-kernels-h200/): right at every
+config (checked against the fp32 reference before timing), and slower: 17.3 / 17.2 us at best (256
+columns, 8 compute warps, 2 CTAs per SM) against 12.6 / 13.2 us for the shipped kernel in the same run;
+deeper rings lost. Compiled for sm_90 by Triton 3.6, its loop is 320 SASS instructions per tile of 16
+packed int32 per thread against the shipped loop's 363: 12 % fewer, with 16 compute warps per SM where
+the shipped kernel keeps 28 resident. Fewer warps hide less latency, and that costs more than the
+instructions and the waits saved. The one-wave, one-warp-per-program grid stays.
+
+    python scripts/gemv_gluon_probe.py                 # GPU (sm_90): the sweep; $OUT/gemv_gluon_probe.md
+    python scripts/gemv_gluon_probe.py --quick         # GPU: one config per shape
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from utils import kernels  # noqa: E402
+import gemv_probe as gp  # noqa: E402
+
+
+@gluon.jit
+def _xpairs(x32, row):
+    """fp16x2 (x[8 row + j], x[8 row + j + 4]) for j = 0..3 (utils.kernels._xpairs, in any layout)."""
+    return gl.inline_asm_elementwise(kernels._XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + row * 4).to(gl.int64, bitcast=True)],
+                                     dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _load_partition(qa_desc, qb_desc, ready, empty, qa_bufs, qb_bufs, n0, g0, g1, STAGES: gl.constexpr):
+    """The producer warp: group g's even and odd packed rows of this column block, STAGES groups ahead."""
+    R2: gl.constexpr = qa_desc.block_type.shape[0]
+    for i in range(g1 - g0):
+        idx = i % STAGES
+        mbarrier.wait(empty.index(idx), ((i // STAGES) & 1) ^ 1)     # the compute warps freed this buffer
+        mbarrier.expect(ready.index(idx), qa_desc.block_type.nbytes + qb_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(qa_desc, [(g0 + i) * R2, n0], ready.index(idx), qa_bufs.index(idx))
+        tma.async_copy_global_to_shared(qb_desc, [(g0 + i) * R2, n0], ready.index(idx), qb_bufs.index(idx))
+
+
+@gluon.jit
+def _compute_partition(x_ptr, qz_ptr, s_ptr, ready, empty, qa_bufs, qb_bufs, n0, g0, g1, N,
+                       GROUP: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, L: gl.constexpr):
+    R2: gl.constexpr = GROUP // 16
+    rows = gl.arange(0, R2, layout=gl.SliceLayout(1, L))
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
+    x32 = x_ptr.to(gl.pointer_type(gl.int32))
+    acc = gl.zeros([R2, BLOCK_N], gl.float32, L)
+    for i in range(g1 - g0):
+        g = g0 + i
+        zp = gl.load(qz_ptr + g * (N // 8) + cols // 8)
+        z = ((zp >> ((cols % 8) * 4)) & 0xF) + 1
+        zz = ((0x6400 + z) << 16) | (0x6400 + z)
+        nz = 0xD400 + (z << 4)
+        nzz = (nz << 16) | nz
+        s = gl.load(s_ptr + g * N + cols).to(gl.float32)
+        xg = x32 + g * (GROUP // 2)
+        a0, a1, a2, a3 = _xpairs(xg, 2 * rows)
+        b0, b1, b2, b3 = _xpairs(xg, 2 * rows + 1)
+        idx = i % STAGES
+        mbarrier.wait(ready.index(idx), (i // STAGES) & 1)
+        qa = qa_bufs.index(idx).load(L)
+        qb = qb_bufs.index(idx).load(L)
+        fence_async_shared()
+        mbarrier.arrive(empty.index(idx), count=1)
+        part = gl.inline_asm_elementwise(
+            kernels._F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
+            [qa, qb, gl.expand_dims(zz, 0), gl.expand_dims(nzz, 0),
+             gl.expand_dims(a0, 1), gl.expand_dims(a1, 1), gl.expand_dims(a2, 1), gl.expand_dims(a3, 1),
+             gl.expand_dims(b0, 1), gl.expand_dims(b1, 1), gl.expand_dims(b2, 1), gl.expand_dims(b3, 1)],
+            dtype=gl.int32, is_pure=True, pack=1).to(gl.float32, bitcast=True)
+        acc += part * gl.expand_dims(s, 0)
+    return (gl.sum(acc, axis=0),)                # the default partition's results are a tuple
+
+
+@gluon.jit
+def _ws_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                    GROUP: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
+                    num_warps: gl.constexpr):
+    L: gl.constexpr = gl.BlockedLayout([GROUP // 64, 4], [4, 8], [1, num_warps], [1, 0])
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    ng = K // GROUP
+    g0 = pid_k * ng // SPLIT_K
+    g1 = (pid_k + 1) * ng // SPLIT_K
+    n0 = pid_n * BLOCK_N
+    qa_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + qa_desc.block_type.shape, qa_desc.layout)
+    qb_bufs = gl.allocate_shared_memory(gl.int32, [STAGES] + qb_desc.block_type.shape, qb_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    (y,) = gl.warp_specialize([
+        (_compute_partition, (x_ptr, qz_ptr, s_ptr, ready, empty, qa_bufs, qb_bufs, n0, g0, g1, N, GROUP, BLOCK_N,
+                              STAGES, L)),
+        (_load_partition, (qa_desc, qb_desc, ready, empty, qa_bufs, qb_bufs, n0, g0, g1, STAGES)),
+    ], [1], [24])
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
+    if SPLIT_K > 1:     # utils.kernels._splitk_fixup: partials, then the last CTA of the block adds them in order
+        gl.store(part_ptr + pid_k * N + cols, y)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            y = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, L))
+            for k in gl.static_range(SPLIT_K):
+                y += gl.load(part_ptr + k * N + cols, cache_modifier=".cg")
+            gl.atomic_xchg(lock_ptr + pid_n, 0)
+            gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+    else:
+        gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+
+
+_DESCS: dict = {}
+
+
+def ws_gemv(x, qw, qz, s, block_n=256, num_warps=8, split_k=3, stages=4, maxnreg=80, group_size=128):
+    """y [1, N] from the warp-specialized kernel at a fixed config (fp16 x, sm_90, N % block_n == 0)."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % block_n == 0 and block_n == 32 * num_warps
+    key = (qw.data_ptr(), block_n, group_size)
+    if key not in _DESCS:                         # even and odd packed rows: [K/16, N] views with row stride 2N
+        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        box = [group_size // 16, block_n]
+        _DESCS[key] = (TensorDescriptor(qw, [K // 16, N], [2 * N, 1], box, layout),
+                       TensorDescriptor(qw[1:], [K // 16, N], [2 * N, 1], box, layout))
+    qa, qb = _DESCS[key]
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, N // block_n)
+    work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    _ws_gemv_kernel[(N // block_n, split_k)](x, qa, qb, qz, s, y, work, locks, K, N, GROUP=group_size,
+                                             BLOCK_N=block_n, SPLIT_K=split_k, STAGES=stages, num_warps=num_warps,
+                                             maxnreg=maxnreg)
+    return y.reshape(1, N)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    from utils.ceilings import copy_bandwidth
+    out = Path(os.environ.get("OUT", "/tmp"))
+    device = "cuda"
+    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
+    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    rows = []
+    for K, N in ((3584, 18944), (18944, 3584)):
+        ops, wd, qbytes, t_bf = gp.shape_case(K, N, device)
+        t = gp.time_ops(lambda *o: kernels.int4_gemv(*o, 128), ops)
+        rows.append((K, N, "shipped int4_gemv (default)", t, qbytes, t_bf))
+        print(f"{K}->{N}: bf16 {t_bf * 1e6:.1f} us, shipped {t * 1e6:.1f} us", flush=True)
+        ng = K // 128
+        if args.quick:
+            configs = [dict(block_n=256, num_warps=8, split_k=max(1, 264 // (N // 256)), stages=4, maxnreg=80)]
+        else:
+            configs = [dict(block_n=bn, num_warps=bn // 32, split_k=sk, stages=st, maxnreg=mr)
+                       for bn, mr in ((256, 80), (128, 96), (128, 128))
+                       for sk in sorted({max(1, min(ng, round(c * 132 / (N // bn)))) for c in (1, 2, 3, 4)})
+                       for st in (3, 4, 6)]
+        best = None
+        for cfg in configs:
+            what = "gluon ws " + " ".join(f"{k}={v}" for k, v in cfg.items())
+            best = gp.time_variant(lambda *o, c=cfg: ws_gemv(*o, **c), what, cfg, K, N, ops, wd, qbytes, t_bf, rows,
+                                   device, best)
+        _DESCS.clear()
+    print("\n".join(gp.write_table(rows, copy, out / "gemv_gluon_probe.md")))
+
+
+if __name__ == "__main__":
+    main()
