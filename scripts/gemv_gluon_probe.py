@@ -1,4 +1,4 @@
-"""Int4 GEMV round 20 (a bench, not a test): warp-specialized, written in Gluon with its layouts stated.
+"""Int4 GEMV rounds 20-21 (a bench, not a test): Gluon kernels, their layouts stated, on the H200.
 
 Round 18 (scripts/gemv_persistent_probe.py) found the shipped GEMV bound by instruction issue: of the 363
 SASS instructions its loop spends per group, 238 are the dequant and the dot; the rest are address math,
@@ -19,7 +19,15 @@ packed int32 per thread against the shipped loop's 363: 12 % fewer, with 16 comp
 the shipped kernel keeps 28 resident. Fewer warps hide less latency, and that costs more than the
 instructions and the waits saved. The one-wave, one-warp-per-program grid stays.
 
-    python scripts/gemv_gluon_probe.py                 # GPU (sm_90): the sweep; $OUT/gemv_gluon_probe.md
+Round 21 (the tensor-core kernel below, _mma_gemv_kernel) keeps the shipped grid and takes the math to
+mma.sync, in a lane layout stated bit by bit. Answer (gemv_gluon_mma.md, .log): right at every config,
+and its loop is 265 SASS instructions per group (Triton 3.6, sm_90) against 363, 27 % fewer. But it is
+slower: 14.2 / 15.4 us at best (one warp, split 5 / 22, 76 registers) against 12.5 / 13.2 us in the same
+run. So the shipped GEMV is not bound by issue alone; its 28 resident warps, each with one group's loads
+in flight, are what a kernel has to match.
+
+    python scripts/gemv_gluon_probe.py                 # GPU (sm_90): round 21's sweep; $OUT/gemv_gluon_probe.md
+    python scripts/gemv_gluon_probe.py --part ws       # round 20's warp-specialized sweep
     python scripts/gemv_gluon_probe.py --quick         # GPU: one config per shape
 """
 from __future__ import annotations
@@ -135,6 +143,113 @@ def _ws_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, loc
         gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
 
 
+# Round 21: the tensor cores, at the shipped grid (one warp per program, 32 columns, one wave). Each lane
+# holds 4 packed rows (t, t+4, t+8, t+12; t = lane % 4) x 4 consecutive columns (4 (lane // 4) + 0..3):
+# a layout stated bit by bit, so the mma.sync fragments below are right by construction, not by luck
+# (round 9's Triton probe assumed the lane order and was wrong at one tile). One packed row x 4 columns
+# is one asm call (pack=4): nibbles (0, 4) and (2, 6) become fp16 1024 + n by one lop3 each, (1, 5) and
+# (3, 7) 1024 + 16 n (the x they meet is pre-divided by 16), and the products and sums over 32 k run
+# on mma.sync m16n8k16 with fp32 accumulation. The M rows are the lane's columns (2 blocks of 16), the
+# K order is the lanes' packed rows (any order works when B is x in the same order), and B is x in all
+# 8 columns, so every D column holds the same sums. Per group: y += s (D - 1024 S_even - 64 S_odd
+# - z (S_even + S_odd)), S the group's sums of x as the mma saw them.
+def _mma_gemv_asm() -> str:
+    lines = ["{", ".reg .b32 q8, a<4>, c<4>, bx1, bx3, r16;", ".reg .f32 d<4>, e<4>;", "mov.b32 r16, 0x2C002C00;",
+             "mul.rn.f16x2 bx1, $12, r16;",                # (x1, x5) / 16
+             "mul.rn.f16x2 bx3, $20, r16;"]                # (x3, x7) / 16
+    for blk, (q0, q1) in enumerate((("$4", "$5"), ("$6", "$7"))):
+        d = "d" if blk == 0 else "e"
+        lines += [f"lop3.b32 a0, {q0}, 0x000F000F, 0x64006400, 0xEA;",
+                  f"lop3.b32 a1, {q1}, 0x000F000F, 0x64006400, 0xEA;",
+                  f"lop3.b32 a2, {q0}, 0x00F000F0, 0x64006400, 0xEA;",
+                  f"lop3.b32 a3, {q1}, 0x00F000F0, 0x64006400, 0xEA;",
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                  f"{{{d}0, {d}1, {d}2, {d}3}}, {{a0, a1, a2, a3}}, {{$8, bx1}}, {{0f00000000, 0f00000000, 0f00000000, 0f00000000}};",
+                  f"shr.u32 q8, {q0}, 8;", "lop3.b32 c0, q8, 0x000F000F, 0x64006400, 0xEA;",
+                  "lop3.b32 c2, q8, 0x00F000F0, 0x64006400, 0xEA;",
+                  f"shr.u32 q8, {q1}, 8;", "lop3.b32 c1, q8, 0x000F000F, 0x64006400, 0xEA;",
+                  "lop3.b32 c3, q8, 0x00F000F0, 0x64006400, 0xEA;",
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                  f"{{{d}0, {d}1, {d}2, {d}3}}, {{c0, c1, c2, c3}}, {{$16, bx3}}, {{{d}0, {d}1, {d}2, {d}3}};"]
+    lines += ["mov.b32 $0, d0;", "mov.b32 $1, d2;", "mov.b32 $2, e0;", "mov.b32 $3, e2;", "}"]
+    return "\n".join(lines)
+
+
+_MMA_GEMV = gl.constexpr(_mma_gemv_asm())
+# 4 outputs (the pack's 4 columns), 4 codes ($4-$7), then the 4 x-pair tensors, 4 operands each (the
+# pack's copies of one row's pair): (x0, x4) $8, (x1, x5) $12, (x2, x6) $16, (x3, x7) $20
+_MMA_GEMV_ARGS = gl.constexpr(",".join(["=r"] * 4 + ["r"] * 4 + ["r"] * 16))
+
+
+def _mma_layout(num_warps: int):
+    """[16 packed rows, 32 num_warps columns]: registers 4 columns x rows t + 4 m, lanes t and column quads."""
+    warps = [[0, 32 << i] for i in range(num_warps.bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [4, 0], [8, 0]],
+                                      lane_bases=[[1, 0], [2, 0], [0, 4], [0, 8], [0, 16]],
+                                      warp_bases=warps, block_bases=[], shape=[16, 32 * num_warps])
+
+
+@gluon.jit
+def _mma_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                     BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, L: gl.constexpr, X1: gl.constexpr):
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    ng = K // 128
+    rows = gl.arange(0, 16, layout=gl.SliceLayout(1, L))
+    cols = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
+    kk = gl.arange(0, 128, layout=X1)
+    odd = (kk % 2) == 1
+    x32 = x_ptr.to(gl.pointer_type(gl.int32))
+    y = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, L))
+    q_ptrs = qw_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(cols, 0)    # group 0's tile; + g 16 N
+    for g in range(pid_k, ng, SPLIT_K):
+        q = gl.load(q_ptrs + g * 16 * N, eviction_policy="evict_first")
+        p0, p1, p2, p3 = _xpairs(x32 + g * 64, rows)
+        d = gl.inline_asm_elementwise(
+            _MMA_GEMV, _MMA_GEMV_ARGS,
+            [q, gl.expand_dims(p0, 1), gl.expand_dims(p1, 1), gl.expand_dims(p2, 1), gl.expand_dims(p3, 1)],
+            dtype=gl.float32, is_pure=True, pack=4)
+        dsum = gl.sum(d, axis=0) * 0.25           # the 4 lanes of a quad hold the same sums
+        xg = gl.load(x_ptr + g * 128 + kk).to(gl.float32)
+        s_even = gl.sum(gl.where(odd, 0.0, xg), axis=0)
+        s_odd = gl.sum(gl.where(odd, (xg * 0.0625).to(gl.float16).to(gl.float32) * 16.0, 0.0), axis=0)
+        zp = gl.load(qz_ptr + g * (N // 8) + cols // 8)
+        z = (((zp >> ((cols % 8) * 4)) & 0xF) + 1).to(gl.float32)
+        sc = gl.load(s_ptr + g * N + cols).to(gl.float32)
+        y += sc * (dsum - (1024.0 * s_even + 64.0 * s_odd) - z * (s_even + s_odd))
+    if SPLIT_K > 1:
+        gl.store(part_ptr + pid_k * N + cols, y)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            y = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, L))
+            for k in gl.static_range(SPLIT_K):
+                y += gl.load(part_ptr + k * N + cols, cache_modifier=".cg")
+            gl.atomic_xchg(lock_ptr + pid_n, 0)
+            gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+    else:
+        gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+
+
+def mma_gemv(x, qw, qz, s, num_warps=1, split_k=6, group_size=128):
+    """y [1, N] from round 21's tensor-core kernel (fp16 x, sm_80+, group 128, N % (32 num_warps) == 0)."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    block_n = 32 * num_warps
+    assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % block_n == 0 and group_size == 128
+    y = torch.empty((N,), device=x.device, dtype=x.dtype)
+    locks = kernels._gemv_locks(x.device, N // block_n)
+    work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    ck = _mma_gemv_kernel[(N // block_n, split_k)](x, qw, qz, s, y, work, locks, K, N, BLOCK_N=block_n,
+                                                   SPLIT_K=split_k, L=_mma_layout(num_warps),
+                                                   X1=gl.BlockedLayout([4], [32], [num_warps], [0]),
+                                                   num_warps=num_warps)
+    _REGS[(num_warps, split_k)] = getattr(ck, "n_regs", None)
+    return y.reshape(1, N)
+
+
+_REGS: dict = {}
+
+
 _DESCS: dict = {}
 
 
@@ -161,6 +276,8 @@ def ws_gemv(x, qw, qz, s, block_n=256, num_warps=8, split_k=3, stages=4, maxnreg
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", choices=("ws", "mma"), default="mma",
+                    help="ws: round 20's warp-specialized kernel; mma: round 21's tensor-core kernel")
     args = ap.parse_args()
     from utils.ceilings import copy_bandwidth
     out = Path(os.environ.get("OUT", "/tmp"))
@@ -174,6 +291,18 @@ def main():
         rows.append((K, N, "shipped int4_gemv (default)", t, qbytes, t_bf))
         print(f"{K}->{N}: bf16 {t_bf * 1e6:.1f} us, shipped {t * 1e6:.1f} us", flush=True)
         ng = K // 128
+        if args.part == "mma":
+            splits = {28: (4, 5, 6, 7, 8), 148: (22, 25, 30, 37, 42)}[ng]
+            for nw in (1,) if args.quick else (1, 2):
+                for sk in splits[2:3] if args.quick else splits:
+                    cfg = dict(num_warps=nw, split_k=max(1, sk // nw))
+                    what = "gluon mma " + " ".join(f"{k}={v}" for k, v in cfg.items())
+                    n = len(rows)
+                    gp.time_variant(lambda *o, c=cfg: mma_gemv(*o, **c), what, cfg, K, N, ops, wd, qbytes, t_bf, rows,
+                                    device, None)
+                    if len(rows) > n:
+                        rows[-1] = (*rows[-1][:2], f"{what} (regs {_REGS.get((nw, cfg['split_k']))})", *rows[-1][3:])
+            continue
         if args.quick:
             configs = [dict(block_n=256, num_warps=8, split_k=max(1, 264 // (N // 256)), stages=4, maxnreg=80)]
         else:
