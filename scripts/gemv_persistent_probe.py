@@ -23,10 +23,10 @@ atomic) inside the loop was not pipelined at all (stages 3, 4, 6 all the same; c
 it had no async copies), so the fix-up now runs after the loop, once per cut column block. ncu
 (ncu_persistent.txt, --ncu below, at ncu's locked 1.47 GHz) says why: the shipped GEMV issues an
 instruction on 63 % of scheduler cycles with 22.6 warps per SM resident; this one has 125 registers,
-11.3 warps per SM, and issues on 53 %. The GEMV is bound by instruction issue, not by how far its loads
-run ahead: its loop (32 columns, one warp, compiled for sm_90 by this machine's Triton 3.9) is 363
-SASS instructions per group, 238 of them the dequant and the dot, and a long pipelined loop does not
-execute fewer of them, it only has fewer warps to hide their latencies.
+11.3 warps per SM, and issues on 53 %. Loads further ahead do not help when they cost resident warps.
+The shipped loop (32 columns, one warp, compiled for sm_90 by this machine's Triton 3.9) is 363 SASS
+instructions per group, 238 of them the dequant and the dot. Fewer of them alone did not help either
+(round 21, scripts/gemv_gluon_probe.py).
 
     python scripts/gemv_persistent_probe.py            # GPU: the sweep; $OUT/gemv_persistent_probe.md
     python scripts/gemv_persistent_probe.py --quick    # GPU: one config per shape
