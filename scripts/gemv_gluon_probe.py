@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
@@ -57,6 +56,24 @@ def _xpairs(x32, row):
     """fp16x2 (x[8 row + j], x[8 row + j + 4]) for j = 0..3 (utils.kernels._xpairs, in any layout)."""
     return gl.inline_asm_elementwise(kernels._XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + row * 4).to(gl.int64, bitcast=True)],
                                      dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _store_splitk(y, part_ptr, lock_ptr, y_ptr, pid_n, pid_k, cols, N, SPLIT_K: gl.constexpr):
+    """Store this CTA's sums y of columns cols, through utils.kernels' split-K fix-up when SPLIT_K > 1:
+    partials to part_ptr, a counter, and the last CTA of the column block adds them in order."""
+    if SPLIT_K > 1:
+        gl.store(part_ptr + pid_k * N + cols, y)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = gl.zeros_like(y)
+            for k in gl.static_range(SPLIT_K):
+                total += gl.load(part_ptr + k * N + cols, cache_modifier=".cg")
+            gl.atomic_xchg(lock_ptr + pid_n, 0)
+            gl.store(y_ptr + cols, total.to(y_ptr.dtype.element_ty))
+    else:
+        gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
 
 
 @gluon.jit
@@ -130,18 +147,7 @@ def _ws_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, loc
         (_load_partition, (qa_desc, qb_desc, ready, empty, qa_bufs, qb_bufs, n0, g0, g1, STAGES)),
     ], [1], [24])
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
-    if SPLIT_K > 1:     # utils.kernels._splitk_fixup: partials, then the last CTA of the block adds them in order
-        gl.store(part_ptr + pid_k * N + cols, y)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            y = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, L))
-            for k in gl.static_range(SPLIT_K):
-                y += gl.load(part_ptr + k * N + cols, cache_modifier=".cg")
-            gl.atomic_xchg(lock_ptr + pid_n, 0)
-            gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
-    else:
-        gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+    _store_splitk(y, part_ptr, lock_ptr, y_ptr, pid_n, pid_k, cols, N, SPLIT_K)
 
 
 # Round 21: the tensor cores, at the shipped grid (one warp per program, 32 columns, one wave). Each lane
@@ -218,18 +224,7 @@ def _mma_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K,
         z = (((zp >> ((cols % 8) * 4)) & 0xF) + 1).to(gl.float32)
         sc = gl.load(s_ptr + g * N + cols).to(gl.float32)
         y += sc * (dsum - (1024.0 * s_even + 64.0 * s_odd) - z * (s_even + s_odd))
-    if SPLIT_K > 1:
-        gl.store(part_ptr + pid_k * N + cols, y)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            y = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, L))
-            for k in gl.static_range(SPLIT_K):
-                y += gl.load(part_ptr + k * N + cols, cache_modifier=".cg")
-            gl.atomic_xchg(lock_ptr + pid_n, 0)
-            gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
-    else:
-        gl.store(y_ptr + cols, y.to(y_ptr.dtype.element_ty))
+    _store_splitk(y, part_ptr, lock_ptr, y_ptr, pid_n, pid_k, cols, N, SPLIT_K)
 
 
 def mma_gemv(x, qw, qz, s, num_warps=1, split_k=6, group_size=128):
@@ -280,11 +275,9 @@ def main():
     ap.add_argument("--part", choices=("ws", "mma"), default="mma",
                     help="ws: round 20's warp-specialized kernel; mma: round 21's tensor-core kernel")
     args = ap.parse_args()
-    from utils.ceilings import copy_bandwidth
     out = Path(os.environ.get("OUT", "/tmp"))
     device = "cuda"
-    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
-    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    copy = gp.gpu_copy_gbps()
     rows = []
     for K, N in ((3584, 18944), (18944, 3584)):
         ops, wd, qbytes, t_bf = gp.shape_case(K, N, device)

@@ -189,11 +189,9 @@ def main():
         persistent_gemv(x, qw, qz, s, block_n=256, num_warps=4, num_stages=3, progs_per_sm=3)
         torch.cuda.synchronize()
         return
-    from utils.ceilings import copy_bandwidth
     out = Path(os.environ.get("OUT", "/tmp"))
     device = "cuda"
-    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
-    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    copy = gp.gpu_copy_gbps()
     rows = []
     if args.quick:
         configs = [dict(block_n=256, num_warps=8, num_stages=4, progs_per_sm=1)]

@@ -455,6 +455,14 @@ def shape_setup(K, N, device):
     return qw, qz, s, wd
 
 
+def gpu_copy_gbps() -> float:
+    """The device's copy bandwidth (read + write, GB/s), the probes' yardstick; prints the device line."""
+    from utils.ceilings import copy_bandwidth
+    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
+    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    return copy
+
+
 def shape_case(K, N, device):
     """One GEMV shape for a sweep: operands (x, qw, qz, s), the fp32 dequantized weights, the bytes a
     GEMV moves, and the bf16 F.linear baseline's time on the same weights (timed as time_ops times)."""
@@ -576,7 +584,6 @@ def main():
                 print(f"ok {name} split_k={sk}: rel L2 {err:.2e}")
         return
     import json
-    from utils.ceilings import copy_bandwidth
     out = Path(os.environ.get("OUT", "/tmp"))
     shapes = ((3584, 18944), (18944, 3584))
     if args.ncu:
@@ -594,8 +601,7 @@ def main():
                     kernels.int4_gemv(x, qw, qz, s, 128, **{k: v for k, v in cfg.items() if k != "mma"})
         torch.cuda.synchronize()
         return
-    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
-    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    copy = gpu_copy_gbps()
     rows, best_cfgs = [], []
     for K, N in shapes:
         ops, wd, qbytes, t_bf = shape_case(K, N, device)

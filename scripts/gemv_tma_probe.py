@@ -185,12 +185,10 @@ def main():
                     help="tma: the TMA kernel's sweep; pattern: the shipped access pattern without the math, "
                     "tiled: the shipped loop over codes repacked per column block")
     args = ap.parse_args()
-    from utils.ceilings import copy_bandwidth
     from utils import roofline
     out = Path(os.environ.get("OUT", "/tmp"))
     device = "cuda"
-    copy = copy_bandwidth(2 * 2**30, "cuda", repeats=20)["gbps"]
-    print(f"{torch.cuda.get_device_name(0)} triton {triton.__version__} copy {copy:.0f} GB/s", flush=True)
+    copy = gp.gpu_copy_gbps()
     rows = []
     shapes = ((3584, 18944), (18944, 3584))
     for K, N in shapes:
