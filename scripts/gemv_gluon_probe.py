@@ -1,16 +1,17 @@
 """Int4 GEMV rounds 20-21 (a bench, not a test): Gluon kernels, their layouts stated, on the H200.
 
-Round 18 (scripts/gemv_persistent_probe.py) found the shipped GEMV issuing an instruction on 63 % of the
-schedulers' cycles (ncu), and suspected issue: of the 363 SASS instructions its loop spends per group,
-238 are the dequant and the dot; the rest are address math,
-the zeros' and scales' layout conversions through shared memory, and the wait on each group's loads,
-which every warp issues and then waits for itself. Here one producer warp issues each group's codes as
-two TMA bulk copies (even and odd packed rows) into a ring of STAGES shared-memory buffers, signalled by
-mbarriers, and the compute warps only read the ring, with a register layout given once (Gluon's
-BlockedLayout: each thread 2 packed rows x 4 columns of each tile), so there are no per-element
-addresses and no layout conversions. The math is the shipped kernel's inline PTX (utils.kernels'
-_F16X2_DOT16, two packed int32 per call). Each CTA takes one column block and a contiguous run of
-groups; the split-K fix-up is the shipped one (partials, a counter, the last CTA adds them in order).
+Needs a Triton with Gluon (3.6, as on the lent H200). Round 18 (scripts/gemv_persistent_probe.py) found
+the shipped GEMV issuing an instruction on 63 % of the schedulers' cycles (ncu), which made issue the
+suspect. Of the 363 SASS instructions its loop spends per group, 238 are the dequant and the dot. The
+rest are address math, the zeros' and scales' layout conversions through shared memory, and the wait on
+each group's loads, which every warp issues and then waits for itself. Round 20: one producer warp
+issues each group's codes as two TMA bulk copies (even and odd packed rows) into a ring of STAGES
+shared-memory buffers, signalled by mbarriers, and the compute warps only read the ring, with a register
+layout given once (Gluon's BlockedLayout: each thread 2 packed rows x 4 columns of each tile), so there
+are no per-element addresses and no layout conversions. The math is the shipped kernel's inline PTX
+(utils.kernels' _F16X2_DOT16, two packed int32 per call). Each CTA takes one column block and a
+contiguous run of groups; the split-K fix-up is the shipped one (partials, a counter, the last CTA adds
+them in order).
 
 Answer (H200, gemv_gluon_probe.md in docs/device-runs/20261124-lab05-kernels-h200/): right at every
 config (checked against the fp32 reference before timing), and slower: 17.3 / 17.2 us at best (256
@@ -171,7 +172,8 @@ def _mma_gemv_asm() -> str:
                   f"lop3.b32 a2, {q0}, 0x00F000F0, 0x64006400, 0xEA;",
                   f"lop3.b32 a3, {q1}, 0x00F000F0, 0x64006400, 0xEA;",
                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                  f"{{{d}0, {d}1, {d}2, {d}3}}, {{a0, a1, a2, a3}}, {{$8, bx1}}, {{0f00000000, 0f00000000, 0f00000000, 0f00000000}};",
+                  f"{{{d}0, {d}1, {d}2, {d}3}}, {{a0, a1, a2, a3}}, {{$8, bx1}}, "
+                  "{0f00000000, 0f00000000, 0f00000000, 0f00000000};",
                   f"shr.u32 q8, {q0}, 8;", "lop3.b32 c0, q8, 0x000F000F, 0x64006400, 0xEA;",
                   "lop3.b32 c2, q8, 0x00F000F0, 0x64006400, 0xEA;",
                   f"shr.u32 q8, {q1}, 8;", "lop3.b32 c1, q8, 0x000F000F, 0x64006400, 0xEA;",
