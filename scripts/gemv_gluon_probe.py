@@ -50,6 +50,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from utils import kernels  # noqa: E402
 import gemv_probe as gp  # noqa: E402
+import gemv_tma_probe as tp  # noqa: E402
 
 
 @gluon.jit
@@ -248,20 +249,17 @@ def mma_gemv(x, qw, qz, s, num_warps=1, split_k=6, group_size=128):
 _REGS: dict = {}
 
 
-_DESCS: dict = {}
+def _nvmma_descriptor(base, shape, strides, box):
+    """A Gluon host descriptor with the unswizzled shared layout the compute warps read (round 20)."""
+    return TensorDescriptor(base, shape, strides, box, gl.NVMMASharedLayout(swizzle_byte_width=0,
+                                                                            element_bitwidth=32, rank=2))
 
 
 def ws_gemv(x, qw, qz, s, block_n=256, num_warps=8, split_k=3, stages=4, maxnreg=80, group_size=128):
     """y [1, N] from the warp-specialized kernel at a fixed config (fp16 x, sm_90, N % block_n == 0)."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % block_n == 0 and block_n == 32 * num_warps
-    key = (qw.data_ptr(), block_n, group_size)
-    if key not in _DESCS:                         # even and odd packed rows: [K/16, N] views with row stride 2N
-        layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
-        box = [group_size // 16, block_n]
-        _DESCS[key] = (TensorDescriptor(qw, [K // 16, N], [2 * N, 1], box, layout),
-                       TensorDescriptor(qw[1:], [K // 16, N], [2 * N, 1], box, layout))
-    qa, qb = _DESCS[key]
+    qa, qb = tp.row_pair_descriptors(qw, block_n, group_size, make=_nvmma_descriptor)
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     locks = kernels._gemv_locks(x.device, N // block_n)
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
@@ -311,7 +309,7 @@ def main():
             what = "gluon ws " + " ".join(f"{k}={v}" for k, v in cfg.items())
             best = gp.time_variant(lambda *o, c=cfg: ws_gemv(*o, **c), what, cfg, K, N, ops, wd, qbytes, t_bf, rows,
                                    device, best)
-        _DESCS.clear()
+        tp._DESCS.clear()
     print("\n".join(gp.write_table(rows, copy, out / "gemv_gluon_probe.md")))
 
 

@@ -49,6 +49,7 @@ import triton.language as tl  # noqa: E402
 
 from utils import kernels  # noqa: E402
 import gemv_probe as gp  # noqa: E402
+import gemv_tma_probe as tp  # noqa: E402
 
 
 @triton.jit
@@ -128,9 +129,6 @@ def _persistent_gemv_kernel(x_ptr, qw_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_pt
         _fixup(part_ptr, lock_ptr, y_ptr, nb1, rn1, rn1 < N, N, ng, total, P)
 
 
-_DESCS: dict = {}
-
-
 def persistent_gemv(x, qw, qz, s, block_n=256, num_warps=8, num_stages=4, progs_per_sm=1, tma=False,
                     programs=None, group_size=128):
     """y [1, N] from the persistent kernel at a fixed config; programs overrides progs_per_sm x SMs."""
@@ -148,13 +146,7 @@ def persistent_gemv(x, qw, qz, s, block_n=256, num_warps=8, num_stages=4, progs_
     locks = kernels._gemv_locks(x.device, nb)
     qa = qb = None
     if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        key = (qw.data_ptr(), block_n, group_size)
-        if key not in _DESCS:                     # even and odd packed rows, one box per group and block
-            box = [group_size // 16, block_n]
-            _DESCS[key] = (TensorDescriptor(qw, [K // 16, N], [2 * N, 1], box),
-                           TensorDescriptor(qw[1:], [K // 16, N], [2 * N, 1], box))
-        qa, qb = _DESCS[key]
+        qa, qb = tp.row_pair_descriptors(qw, block_n, group_size)
     _persistent_gemv_kernel[(P,)](x, qw, qa, qb, qz, s, y, part, locks, K, N, P, GROUP=group_size,
                                   BLOCK_N=block_n, F16X2=f16x2, NUM_STAGES=num_stages, TMA=tma,
                                   num_warps=num_warps, num_stages=1)
@@ -218,7 +210,7 @@ def main():
                                    t_bf, rows, device, best)
         t = gp.time_ops(lambda *o: kernels.int4_gemv(*o, 128), ops)
         rows.append((K, N, "shipped int4_gemv (default), again", t, qbytes, t_bf))
-        _DESCS.clear()
+        tp._DESCS.clear()
     print("\n".join(gp.write_table(rows, copy, out / "gemv_persistent_probe.md")))
 
 

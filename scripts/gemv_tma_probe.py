@@ -159,16 +159,25 @@ def tiled_gemv(x, qt, qz, s, block_n=64, split_k=7, num_warps=1):
 _DESCS: dict = {}
 
 
+def row_pair_descriptors(qw, block_n: int, group_size: int = 128, make=TensorDescriptor):
+    """TMA descriptors of GPTQ codes qw [K/8, N] as even and odd packed rows ([K/16, N] views with row
+    stride 2N), one box per group and column block, as the f16x2 dot takes them. make(base, shape,
+    strides, box) builds one (Triton's TensorDescriptor, or a Gluon one with its layout). Cached per codes
+    tensor, box and maker, because the probes time CUDA-graph replays of the same few operand copies;
+    the probes clear _DESCS between shapes."""
+    K8, N = qw.shape
+    key = (qw.data_ptr(), tuple(qw.shape), block_n, group_size, make)
+    if key not in _DESCS:
+        box = [group_size // 16, block_n]
+        _DESCS[key] = (make(qw, [K8 // 2, N], [2 * N, 1], box), make(qw[1:], [K8 // 2, N], [2 * N, 1], box))
+    return _DESCS[key]
+
+
 def tma_gemv(x, qw, qz, s, block_n=128, split_k=7, num_warps=1, num_stages=3, row_acc=False, group_size=128):
     """Round 11's GEMV at a fixed tile: fp16 x, sm_90, the shipped kernel's dot and fix-up."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % 4 == 0 and K % 16 == 0
-    key = (qw.data_ptr(), block_n, group_size)
-    if key not in _DESCS:                         # host-side descriptors: even and odd packed rows
-        box = [group_size // 16, block_n]
-        _DESCS[key] = (TensorDescriptor(qw, [K // 16, N], [2 * N, 1], box),
-                       TensorDescriptor(qw[1:], [K // 16, N], [2 * N, 1], box))
-    qa, qb = _DESCS[key]
+    qa, qb = row_pair_descriptors(qw, block_n, group_size)
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
