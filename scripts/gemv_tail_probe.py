@@ -1,0 +1,98 @@
+"""Int4 GEMV, round 22 (issue 8; a bench, not a test): how much of the shipped GEMV's time is its
+split-K fix-up? At 18944 -> 3584 the shipped kernel took 13.3 us with one copy of the weights replayed
+(partly in L2) and 13.2 us cold (bench.md of 2026-11-24): it is not waiting on DRAM there. The fix-up
+is three dependent L2 round trips at the end of each column block (store the partial and fence, the
+arrival counter's atomic, the last program's loads of every partial), on the critical path of the
+kernel's last programs. This probe runs the shipped group loop (utils.kernels._gemv_groups) at the
+shipped grid and ends it four ways:
+
+    shipped        utils.kernels.int4_gemv at the same fixed tile and split (the fix-up as shipped)
+    store          partials stored, nothing else: not a GEMV (timing only), the floor for any fix-up
+    store+count    partials stored and the arrival counter taken, no sum: timing only
+    red.add        fp32 atomics into y, no counter: a GEMV (checked), but its sums' order, so its bits,
+                   change from run to run, and y must be zeroed first (a memset the timing leaves out)
+
+    python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
+from utils import kernels, metrics  # noqa: E402
+
+MODES = {"store": 0, "store+count": 1, "red.add": 2}
+# (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split and its neighbours
+CASES = {(3584, 18944): (5, 6, 7), (18944, 3584): (25, 30, 37)}
+
+
+@triton.jit
+def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+                       BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    y = kernels._gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // 128, SPLIT_K, 128, BLOCK_N,
+                             True, 1, True, N)
+    if MODE == 2:
+        tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
+    else:
+        tl.store(part_ptr + pid_k * N + rn, y, mask=nmask)
+        if MODE == 1:
+            tl.debug_barrier()
+            arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                tl.atomic_xchg(lock_ptr + pid_n, 0)
+
+
+def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
+    """One launch at 32 columns, one warp; y32 (fp32 [N]) receives red.add's sums when given."""
+    K, N = qw.shape[0] * 8, qw.shape[1]
+    nb = triton.cdiv(N, 32)
+    y = y32 if y32 is not None else torch.empty(N, device=x.device, dtype=torch.float32)
+    part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+    locks = kernels._gemv_locks(x.device, nb)
+    _tail_probe_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=32, SPLIT_K=split_k,
+                                      MODE=MODES[mode], num_warps=1, num_stages=1)
+    return y
+
+
+def main():
+    out = Path(os.environ.get("OUT", "/tmp"))
+    copy = gpu_copy_gbps()
+    rows = []
+    for (K, N), splits in CASES.items():
+        ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
+        x = ops[0]
+        for sk in splits:
+            y32 = torch.zeros(N, device="cuda", dtype=torch.float32)      # red.add, checked once
+            err = metrics.relative_l2(tail_probe(*ops, sk, "red.add", y32=y32).reshape(1, N), x.float() @ wd)
+            if not err <= metrics.matmul_error_bound(torch.float16, K):
+                raise SystemExit(f"red.add {K}->{N} split {sk}: relative L2 {err:.3g}: not timing a wrong kernel")
+            fns = {"shipped": lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
+                                                                 num_stages=1)}
+            fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})
+            times = {k: [] for k in fns}
+            for _ in range(3):                                 # interleaved, so drift hits every ending alike
+                for k, f in fns.items():
+                    times[k].append(time_ops(f, ops))
+            for k, v in times.items():
+                t = statistics.median(v)
+                rows.append((K, N, f"split {sk}: {k}", t, qbytes, t_bf))
+                print(f"{K}->{N} split {sk} {k}: {t * 1e6:.1f} us [{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}]",
+                      flush=True)
+    print("\n".join(write_table(rows, copy, out / "gemv_tail_probe.md")))
+
+
+if __name__ == "__main__":
+    main()
