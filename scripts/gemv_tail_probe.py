@@ -11,6 +11,8 @@ shipped grid and ends it four ways:
     store+count    partials stored and the arrival counter taken, no sum: timing only
     red.add        fp32 atomics into y, no counter: a GEMV (checked), but its sums' order, so its bits,
                    change from run to run, and y must be zeroed first (a memset the timing leaves out)
+    red.add, drop-in  the same with what a caller of int4_gemv would need around it: y zeroed first
+                   (torch.zeros) and cast to fp16 after, each its own kernel
 
     python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
 """
@@ -79,9 +81,18 @@ def main():
             err = metrics.relative_l2(tail_probe(*ops, sk, "red.add", y32=y32).reshape(1, N), x.float() @ wd)
             if not err <= metrics.matmul_error_bound(torch.float16, K):
                 raise SystemExit(f"red.add {K}->{N} split {sk}: relative L2 {err:.3g}: not timing a wrong kernel")
+            runs = [tail_probe(*ops, sk, "red.add", y32=torch.zeros(N, device="cuda", dtype=torch.float32))
+                    for _ in range(20)]
+            shipped = [kernels.int4_gemv(*ops, 128, block_n=32, split_k=sk, num_warps=1, num_stages=1) for _ in range(20)]
+            print(f"{K}->{N} split {sk}: red.add rel L2 {err:.2e}; of {N} outputs, 20 runs: red.add's bits differ "
+                  f"from the first run's in {sum(int((r != runs[0]).sum()) for r in runs[1:]) / 19:.0f} per run, "
+                  f"the shipped fix-up's in {sum(int((r != shipped[0]).sum()) for r in shipped[1:]) / 19:.0f}",
+                  flush=True)
             fns = {"shipped": lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
                                                                  num_stages=1)}
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})
+            fns["red.add, drop-in"] = lambda *o, sk=sk: tail_probe(
+                *o, sk, "red.add", y32=torch.zeros(N, device="cuda", dtype=torch.float32)).to(torch.float16)
             times = {k: [] for k in fns}
             for _ in range(3):                                 # interleaved, so drift hits every ending alike
                 for k, f in fns.items():
