@@ -13,6 +13,14 @@ shipped grid and ends it four ways:
                    change from run to run, and y must be zeroed first (a memset the timing leaves out)
     red.add, drop-in  the same with what a caller of int4_gemv would need around it: y zeroed first
                    (torch.zeros) and cast to fp16 after, each its own kernel
+    tagged         deterministic, one round trip at the end instead of three: each program takes its
+                   arrival ticket at its START (one lane's relaxed atomic, its latency hidden under the
+                   group loop), then publishes its partial with the lowest mantissa bit replaced by the
+                   call's parity (gen & 1, from the ticket) and leaves; the program with the last ticket
+                   polls all partials until every parity matches (one round trip when they are there),
+                   sums them in a fixed order and bumps the generation. A partial changes by <= 1 ulp of
+                   fp32, the same way every run. Needs its own workspace and counters per shape and tile
+                   (a slot may then only be stale by one call), so the autotuner's shared ones would not do.
 
     python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
 """
@@ -33,20 +41,39 @@ import triton.language as tl  # noqa: E402
 from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
 
-MODES = {"store": 0, "store+count": 1, "red.add": 2}
+MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3}
 # (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split and its neighbours
 CASES = {(3584, 18944): (5, 6, 7), (18944, 3584): (25, 30, 37)}
 
 
 @triton.jit
 def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
-                       BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr):
+                       BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
+                       SPLIT_P2: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
+    if MODE == 3:                                # the ticket, before the loop: its round trip overlaps it
+        lane0 = rn == pid_n * BLOCK_N
+        ticket = tl.atomic_add(lock_ptr + pid_n + rn * 0, tl.where(lane0, 1, 0), mask=lane0, sem="relaxed")
     y = kernels._gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // 128, SPLIT_K, 128, BLOCK_N,
                              True, 1, True, N)
-    if MODE == 2:
+    if MODE == 3:
+        old = tl.sum(tl.where(lane0, ticket, 0), axis=0)      # lane 0's ticket, to every lane (shuffles)
+        par = (old >> 16) & 1
+        tagged = (y.to(tl.int32, bitcast=True) & -2) | par
+        tl.atomic_xchg(part_ptr.to(tl.pointer_type(tl.int32)) + pid_k * N + rn, tagged, mask=nmask, sem="relaxed")
+        if (old & 0xFFFF) == SPLIT_K - 1:
+            rk = tl.arange(0, SPLIT_P2)
+            ptrs = part_ptr.to(tl.pointer_type(tl.int32)) + rk[:, None] * N + rn[None, :]
+            kmask = (rk < SPLIT_K)[:, None] & nmask[None, :]
+            v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
+            while tl.sum(tl.sum((((v & 1) != par) & kmask).to(tl.int32), axis=1), axis=0) > 0:
+                v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
+            y = tl.sum(tl.where(kmask, v.to(tl.float32, bitcast=True), 0.0), axis=0)
+            tl.store(y_ptr + rn, y, mask=nmask)
+            tl.atomic_add(lock_ptr + pid_n, (1 << 16) - SPLIT_K, sem="relaxed")   # next generation, count 0
+    elif MODE == 2:
         tl.atomic_add(y_ptr + rn, y, mask=nmask, sem="relaxed")
     else:
         tl.store(part_ptr + pid_k * N + rn, y, mask=nmask)
@@ -57,15 +84,32 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                 tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
+_TAGGED: dict = {}
+
+
+def tagged_state(N: int, split_k: int, device):
+    """The tagged mode's own counters and workspace for one shape and split, made once: every slot starts
+    with parity 1, which generation 0 does not match."""
+    key = (N, split_k, str(device))
+    if key not in _TAGGED:
+        _TAGGED[key] = (torch.zeros(triton.cdiv(N, 32), device=device, dtype=torch.int32),
+                        torch.ones((split_k, N), device=device, dtype=torch.int32).view(torch.float32))
+    return _TAGGED[key]
+
+
 def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     """One launch at 32 columns, one warp; y32 (fp32 [N]) receives red.add's sums when given."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, 32)
     y = y32 if y32 is not None else torch.empty(N, device=x.device, dtype=torch.float32)
-    part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
-    locks = kernels._gemv_locks(x.device, nb)
+    if mode == "tagged":
+        locks, part = tagged_state(N, split_k, x.device)
+    else:
+        part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
+        locks = kernels._gemv_locks(x.device, nb)
     _tail_probe_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=32, SPLIT_K=split_k,
-                                      MODE=MODES[mode], num_warps=1, num_stages=1)
+                                      MODE=MODES[mode], SPLIT_P2=triton.next_power_of_2(split_k),
+                                      num_warps=1, num_stages=1)
     return y
 
 
@@ -81,6 +125,12 @@ def main():
             err = metrics.relative_l2(tail_probe(*ops, sk, "red.add", y32=y32).reshape(1, N), x.float() @ wd)
             if not err <= metrics.matmul_error_bound(torch.float16, K):
                 raise SystemExit(f"red.add {K}->{N} split {sk}: relative L2 {err:.3g}: not timing a wrong kernel")
+            tg = [tail_probe(*ops, sk, "tagged").clone() for _ in range(20)]
+            err_t = metrics.relative_l2(tg[0].reshape(1, N), x.float() @ wd)
+            if not err_t <= metrics.matmul_error_bound(torch.float16, K):
+                raise SystemExit(f"tagged {K}->{N} split {sk}: relative L2 {err_t:.3g}: not timing a wrong kernel")
+            print(f"{K}->{N} split {sk}: tagged rel L2 {err_t:.2e}, bits differing from the first run's, 20 runs: "
+                  f"{sum(int((r != tg[0]).sum()) for r in tg[1:])}", flush=True)
             runs = [tail_probe(*ops, sk, "red.add", y32=torch.zeros(N, device="cuda", dtype=torch.float32))
                     for _ in range(20)]
             shipped = [kernels.int4_gemv(*ops, 128, block_n=32, split_k=sk, num_warps=1, num_stages=1) for _ in range(20)]
