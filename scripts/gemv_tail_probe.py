@@ -18,8 +18,8 @@ shipped grid and ends it four ways:
                    group loop), then publishes its partial with the lowest mantissa bit replaced by the
                    call's parity (gen & 1, from the ticket) and leaves; the program with the last ticket
                    polls all partials until every parity matches (one round trip when they are there),
-                   sums them in a fixed order and bumps the generation. A partial changes by <= 1 ulp of
-                   fp32, the same way every run. Needs its own workspace and counters per shape and tile
+                   sums them with that bit cleared (so the same bits every call), in a fixed order, and
+                   bumps the generation. A partial loses its lowest mantissa bit (<= 1 ulp of fp32). Needs its own workspace and counters per shape and tile
                    (a slot may then only be stale by one call), so the autotuner's shared ones would not do.
 
     python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
@@ -70,7 +70,7 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
             v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
             while tl.sum(tl.sum((((v & 1) != par) & kmask).to(tl.int32), axis=1), axis=0) > 0:
                 v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
-            y = tl.sum(tl.where(kmask, v.to(tl.float32, bitcast=True), 0.0), axis=0)
+            y = tl.sum(tl.where(kmask, (v & -2).to(tl.float32, bitcast=True), 0.0), axis=0)   # parity bit off
             tl.store(y_ptr + rn, y, mask=nmask)
             tl.atomic_add(lock_ptr + pid_n, (1 << 16) - SPLIT_K, sem="relaxed")   # next generation, count 0
     elif MODE == 2:
