@@ -4,7 +4,7 @@ split-K fix-up? At 18944 -> 3584 the shipped kernel took 13.3 us with one copy o
 is three dependent L2 round trips at the end of each column block (store the partial and fence, the
 arrival counter's atomic, the last program's loads of every partial), on the critical path of the
 kernel's last programs. This probe runs the shipped group loop (utils.kernels._gemv_groups) at the
-shipped grid and ends it four ways:
+shipped grid and ends it these ways:
 
     shipped        utils.kernels.int4_gemv at the same fixed tile and split (the fix-up as shipped)
     store          partials stored, nothing else: not a GEMV (timing only), the floor for any fix-up
@@ -19,8 +19,12 @@ shipped grid and ends it four ways:
                    call's parity (gen & 1, from the ticket) and leaves; the program with the last ticket
                    polls all partials until every parity matches (one round trip when they are there),
                    sums them with that bit cleared (so the same bits every call), in a fixed order, and
-                   bumps the generation. A partial loses its lowest mantissa bit (<= 1 ulp of fp32). Needs its own workspace and counters per shape and tile
-                   (a slot may then only be stale by one call), so the autotuner's shared ones would not do.
+                   bumps the generation. A partial loses its lowest mantissa bit (<= 1 ulp of fp32).
+                   Needs its own workspace and counters per shape and tile (a slot may then only be stale
+                   by one call), so the autotuner's shared ones would not do.
+
+Every ending that computes a GEMV is checked against the fp32 reference, and run 20 times to count the
+output bits that change between runs, before anything is timed.
 
     python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
 """
@@ -113,6 +117,16 @@ def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     return y
 
 
+def checked_repeats(call, ref, K: int, runs: int = 20):
+    """(relative L2 of call()'s output against ref, how many outputs per run change bits from the first
+    run's); stops the probe if the output is wrong, so no wrong kernel is timed."""
+    outs = [call().clone().reshape(1, -1) for _ in range(runs)]
+    err = metrics.relative_l2(outs[0], ref)
+    if not err <= metrics.matmul_error_bound(torch.float16, K):
+        raise SystemExit(f"relative L2 {err:.3g} above the bound: not timing a wrong kernel")
+    return err, sum(int((o != outs[0]).sum()) for o in outs[1:]) / (runs - 1)
+
+
 def main():
     out = Path(os.environ.get("OUT", "/tmp"))
     copy = gpu_copy_gbps()
@@ -121,28 +135,15 @@ def main():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
         x = ops[0]
         for sk in splits:
-            y32 = torch.zeros(N, device="cuda", dtype=torch.float32)      # red.add, checked once
-            err = metrics.relative_l2(tail_probe(*ops, sk, "red.add", y32=y32).reshape(1, N), x.float() @ wd)
-            if not err <= metrics.matmul_error_bound(torch.float16, K):
-                raise SystemExit(f"red.add {K}->{N} split {sk}: relative L2 {err:.3g}: not timing a wrong kernel")
-            tg = [tail_probe(*ops, sk, "tagged").clone() for _ in range(20)]
-            err_t = metrics.relative_l2(tg[0].reshape(1, N), x.float() @ wd)
-            if not err_t <= metrics.matmul_error_bound(torch.float16, K):
-                raise SystemExit(f"tagged {K}->{N} split {sk}: relative L2 {err_t:.3g}: not timing a wrong kernel")
-            print(f"{K}->{N} split {sk}: tagged rel L2 {err_t:.2e}, bits differing from the first run's, 20 runs: "
-                  f"{sum(int((r != tg[0]).sum()) for r in tg[1:])}", flush=True)
-            runs = [tail_probe(*ops, sk, "red.add", y32=torch.zeros(N, device="cuda", dtype=torch.float32))
-                    for _ in range(20)]
-            shipped = [kernels.int4_gemv(*ops, 128, block_n=32, split_k=sk, num_warps=1, num_stages=1) for _ in range(20)]
-            print(f"{K}->{N} split {sk}: red.add rel L2 {err:.2e}; of {N} outputs, 20 runs: red.add's bits differ "
-                  f"from the first run's in {sum(int((r != runs[0]).sum()) for r in runs[1:]) / 19:.0f} per run, "
-                  f"the shipped fix-up's in {sum(int((r != shipped[0]).sum()) for r in shipped[1:]) / 19:.0f}",
-                  flush=True)
             fns = {"shipped": lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
                                                                  num_stages=1)}
-            fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})
+            fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
             fns["red.add, drop-in"] = lambda *o, sk=sk: tail_probe(
-                *o, sk, "red.add", y32=torch.zeros(N, device="cuda", dtype=torch.float32)).to(torch.float16)
+                *o, sk, "red.add", y32=torch.zeros(N, device="cuda")).to(torch.float16)
+            for k in ("shipped", "red.add, drop-in", "tagged"):            # the endings that compute a GEMV
+                err, changed = checked_repeats(lambda f=fns[k]: f(*ops), x.float() @ wd, K)
+                print(f"{K}->{N} split {sk} {k}: relative L2 {err:.2e}; of {N} outputs, {changed:.0f} change bits "
+                      "from the first run's, per run (20 runs)", flush=True)
             times = {k: [] for k in fns}
             for _ in range(3):                                 # interleaved, so drift hits every ending alike
                 for k, f in fns.items():
