@@ -140,8 +140,11 @@ def main():
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
             fns["red.add, drop-in"] = lambda *o, sk=sk: tail_probe(
                 *o, sk, "red.add", y32=torch.zeros(N, device="cuda")).to(torch.float16)
-            for k in ("shipped", "red.add, drop-in", "tagged"):            # the endings that compute a GEMV
-                err, changed = checked_repeats(lambda f=fns[k]: f(*ops), x.float() @ wd, K)
+            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged")}   # the endings that compute
+            gemvs["red.add (its fp32 y)"] = lambda *o, sk=sk: tail_probe(                   # a GEMV
+                *o, sk, "red.add", y32=torch.zeros(N, device="cuda"))
+            for k, f in gemvs.items():
+                err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
                 print(f"{K}->{N} split {sk} {k}: relative L2 {err:.2e}; of {N} outputs, {changed:.0f} change bits "
                       "from the first run's, per run (20 runs)", flush=True)
             times = {k: [] for k in fns}
