@@ -128,6 +128,10 @@ def checked_repeats(call, ref, K: int, runs: int = 20):
 
 
 def main():
+    if not torch.cuda.is_available() or kernels.interpreted():
+        raise SystemExit("gemv_tail_probe times compiled kernels on an NVIDIA GPU (its modes use PTX atomics "
+                         "and the f16x2 dequant): run it on the device, e.g. run(kind='nvidia-h200', "
+                         "command='python3 scripts/gemv_tail_probe.py')")
     out = Path(os.environ.get("OUT", "/tmp"))
     copy = gpu_copy_gbps()
     rows = []
