@@ -142,11 +142,10 @@ def main():
             fns = {"shipped": lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
                                                                  num_stages=1)}
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
-            fns["red.add, drop-in"] = lambda *o, sk=sk: tail_probe(
-                *o, sk, "red.add", y32=torch.zeros(N, device="cuda")).to(torch.float16)
+            zeroed = lambda *o, sk=sk: tail_probe(*o, sk, "red.add", y32=torch.zeros(N, device="cuda"))  # noqa: E731
+            fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
             gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged")}   # the endings that compute
-            gemvs["red.add (its fp32 y)"] = lambda *o, sk=sk: tail_probe(                   # a GEMV
-                *o, sk, "red.add", y32=torch.zeros(N, device="cuda"))
+            gemvs["red.add (its fp32 y)"] = zeroed                                          # a GEMV
             for k, f in gemvs.items():
                 err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
                 print(f"{K}->{N} split {sk} {k}: relative L2 {err:.2e}; of {N} outputs, {changed:.0f} change bits "
