@@ -127,13 +127,30 @@ def checked_repeats(call, ref, K: int, runs: int = 20):
     return err, sum(int((o != outs[0]).sum()) for o in outs[1:]) / (runs - 1)
 
 
-def main():
+def probe_start(script: str, why: str) -> tuple[Path, float]:
+    """(folder for the probe's table, the device's copy GB/s); without a GPU, stops with where to run it."""
     if not torch.cuda.is_available() or kernels.interpreted():
-        raise SystemExit("gemv_tail_probe times compiled kernels on an NVIDIA GPU (its modes use PTX atomics "
-                         "and the f16x2 dequant): run it on the device, e.g. run(kind='nvidia-h200', "
-                         "command='python3 scripts/gemv_tail_probe.py')")
-    out = Path(os.environ.get("OUT", "/tmp"))
-    copy = gpu_copy_gbps()
+        raise SystemExit(f"{script} times compiled kernels on an NVIDIA GPU ({why}): run it on the device, e.g. "
+                         f"run(kind='nvidia-h200', command='python3 scripts/{script}.py')")
+    return Path(os.environ.get("OUT", "/tmp")), gpu_copy_gbps()
+
+
+def timed_rows(fns: dict, ops, K: int, N: int, qbytes: int, t_bf: float, label: str = "") -> list:
+    """write_table's rows for fns (name -> fn(*ops)): each timed cold three times, interleaved so that
+    drift hits every variant alike; the median is kept, the range printed."""
+    times = {k: [] for k in fns}
+    for _ in range(3):
+        for k, f in fns.items():
+            times[k].append(time_ops(f, ops))
+    rows = []
+    for k, v in times.items():
+        rows.append((K, N, f"{label}{k}", statistics.median(v), qbytes, t_bf))
+        print(f"{K}->{N} {label}{k}: {rows[-1][3] * 1e6:.1f} us [{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}]", flush=True)
+    return rows
+
+
+def main():
+    out, copy = probe_start("gemv_tail_probe", "its modes use PTX atomics and the f16x2 dequant")
     rows = []
     for (K, N), splits in CASES.items():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
@@ -150,15 +167,7 @@ def main():
                 err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
                 print(f"{K}->{N} split {sk} {k}: relative L2 {err:.2e}; of {N} outputs, {changed:.0f} change bits "
                       "from the first run's, per run (20 runs)", flush=True)
-            times = {k: [] for k in fns}
-            for _ in range(3):                                 # interleaved, so drift hits every ending alike
-                for k, f in fns.items():
-                    times[k].append(time_ops(f, ops))
-            for k, v in times.items():
-                t = statistics.median(v)
-                rows.append((K, N, f"split {sk}: {k}", t, qbytes, t_bf))
-                print(f"{K}->{N} split {sk} {k}: {t * 1e6:.1f} us [{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}]",
-                      flush=True)
+            rows += timed_rows(fns, ops, K, N, qbytes, t_bf, f"split {sk}: ")
     print("\n".join(write_table(rows, copy, out / "gemv_tail_probe.md")))
 
 

@@ -18,8 +18,6 @@ config, slower at every config: 15.5 / 15.7 us at best against 12.7 / 13.2 us fo
 """
 from __future__ import annotations
 
-import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,8 +28,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
-from gemv_tail_probe import checked_repeats  # noqa: E402
+from gemv_probe import shape_case, write_table  # noqa: E402
+from gemv_tail_probe import checked_repeats, probe_start, timed_rows  # noqa: E402
 from utils import kernels  # noqa: E402
 
 # (K, N) -> [(BLOCK_N, num_warps, GT groups per step, SPLIT_K)]: warps x programs near the one-wave count
@@ -114,12 +112,7 @@ def wsplit_gemv(x, qw, qz, s, block_n: int, num_warps: int, gt: int, split_k: in
 
 
 def main():
-    if not torch.cuda.is_available() or kernels.interpreted():
-        raise SystemExit("gemv_wsplit_probe times compiled kernels on an NVIDIA GPU (the f16x2 dequant is PTX): "
-                         "run it on the device, e.g. run(kind='nvidia-h200', "
-                         "command='python3 scripts/gemv_wsplit_probe.py')")
-    out = Path(os.environ.get("OUT", "/tmp"))
-    copy = gpu_copy_gbps()
+    out, copy = probe_start("gemv_wsplit_probe", "the f16x2 dequant is PTX")
     rows = []
     for (K, N), cfgs in CASES.items():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
@@ -140,14 +133,7 @@ def main():
             print(f"{K}->{N} {name}: relative L2 {err:.2e}, {changed:.0f} outputs changing bits per run", flush=True)
         fns["the first's tile, every zero point 8 (not a GEMV: timing only)"] = (
             lambda *o, c=TIMING_ONLY[K, N]: wsplit_gemv(*o, *c, zmode=2))
-        times = {k: [] for k in fns}
-        for _ in range(3):                                   # interleaved, so drift hits every config alike
-            for k, f in fns.items():
-                times[k].append(time_ops(f, ops))
-        for k, v in times.items():
-            t = statistics.median(v)
-            rows.append((K, N, k, t, qbytes, t_bf))
-            print(f"{K}->{N} {k}: {t * 1e6:.1f} us [{min(v) * 1e6:.1f}-{max(v) * 1e6:.1f}]", flush=True)
+        rows += timed_rows(fns, ops, K, N, qbytes, t_bf)
     print("\n".join(write_table(rows, copy, out / "gemv_wsplit_probe.md")))
 
 
