@@ -6,7 +6,9 @@ global memory. Here a program of W warps takes GT groups per step (a [GT, 8, BLO
 row pairs, spread over its warps) and its split's partial sums meet in the program's own registers and
 shared memory (tl.sum at the end): no workspace, no atomics, the same bits every run. SPLIT_K > 1 adds
 the shipped cross-program fix-up (utils.kernels._splitk_fixup) on top, for shapes with too few columns
-to fill the GPU (18944 -> 3584: 112 column blocks of 32).
+to fill the GPU (18944 -> 3584: 112 column blocks of 32). The zero points are loaded through PTX: a
+tl.load of them gets a layout of its own, and the tile then waits on a shared-memory conversion (and a
+barrier) every step. One row per shape (ZMODE 2, timing only) drops the zero points' loads altogether.
 
 Every config is checked against the fp32 reference and run 20 times (bits must not change) before it is
 timed cold, beside the shipped kernel at its autotuned tile (32 columns, one warp, split 6 / 30).
@@ -14,7 +16,8 @@ timed cold, beside the shipped kernel at its autotuned tile (32 columns, one war
     python scripts/gemv_wsplit_probe.py      # GPU; table $OUT/gemv_wsplit_probe.md
 
 Answer (H200, gemv_wsplit_probe.md in the 2026-11-24 run folder): right and deterministic at every
-config, slower at every config: 15.5 / 15.7 us at best against 12.7 / 13.2 us for the shipped kernel.
+config, slower at every config: 15.5 / 15.7 us at best against 12.7 / 13.2 us for the shipped kernel, and
+15.5 / 15.0 us without the zero points' loads.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from gemv_tail_probe import checked_repeats, probe_start, timed_rows  # noqa: E4
 from utils import kernels  # noqa: E402
 
 # (K, N) -> [(BLOCK_N, num_warps, GT groups per step, SPLIT_K)]: warps x programs near the one-wave count
-# of the shipped grid (3552 / 3360 one-warp programs; these tiles take 64 registers, 32 warps an SM)
+# of the shipped grid (3552 / 3360 one-warp programs). Compiled for sm_90 these take 48-74 registers (64 for
+# most: 32 warps an SM, 4224 on the GPU), and keep no layout conversion in the loop but a trivial one
 CASES = {(3584, 18944): [(32, 4, 4, 1), (32, 4, 8, 1), (32, 4, 2, 1), (32, 2, 2, 1), (32, 2, 4, 1), (32, 2, 2, 3),
                          (32, 2, 2, 2), (32, 8, 8, 1), (64, 8, 8, 1), (64, 4, 4, 1), (16, 4, 4, 1)],
          (18944, 3584): [(32, 4, 4, 8), (32, 4, 4, 7), (32, 4, 8, 8), (32, 2, 2, 15), (32, 8, 8, 4), (64, 8, 8, 8),
