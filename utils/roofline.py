@@ -89,14 +89,17 @@ def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, 
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
     for dt, peak in sorted(peak_tflops.items(), key=lambda kv: -kv[1]):
         ax.plot(xs, attainable_tflops(xs, peak, bandwidth_gbps), lw=1, label=f"roof {dt} ({peak:.3g} TFLOP/s)")
-    for p in points:
+    mid = np.sqrt(lo * hi)                       # labels of points right of the middle go to their left,
+    for p in points:                             # so that none runs off the figure
         ax.scatter(p["intensity"], p["tflops"], zorder=3, color="black", marker="D", s=18)
-        ax.annotate(p["kernel"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        right = p["intensity"] > mid
+        ax.annotate(p["kernel"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(-4 if right else 4, 4),
+                    textcoords="offset points", ha="right" if right else "left")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s (int8: TOP/s)")
     ax.set_title(title or f"roofline, {bandwidth_gbps:.0f} GB/s")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")      # the memory line rises from the lower left
     fig.tight_layout()
     return fig
