@@ -38,14 +38,27 @@ def test_paired_ci_is_tighter_than_independent_when_outcomes_agree():
     b = [1] * 78 + [0] * 22  # two flips, both against b
     ci = stats.paired_difference_ci(a, b)
     assert ci["diff"] == pytest.approx(0.02)
-    # per-problem d has two 1s out of 100: se = sqrt(var(d)/n)
-    var = (2 * (1 - 0.02) ** 2 + 98 * 0.02**2) / 99
-    assert ci["se"] == pytest.approx(math.sqrt(var / 100))
-    assert ci["low"] == pytest.approx(0.02 - 1.959964 * ci["se"], abs=1e-6)
+    # Agresti-Min by hand: cells + 1/2, so 2.5 and 0.5 flips over 102 pairs
+    d = (2.5 - 0.5) / 102
+    se = math.sqrt(((2.5 + 0.5) / 102 - d**2) / 102)
+    assert ci["se"] == pytest.approx(se)
+    assert ci["low"] == pytest.approx(d - 1.959964 * se, abs=1e-6)
+    assert ci["high"] == pytest.approx(d + 1.959964 * se, abs=1e-6)
     independent = math.hypot(stats.accuracy_stderr(a), stats.accuracy_stderr(b))
     assert ci["se"] < independent / 2
     with pytest.raises(ValueError, match="level"):
         stats.paired_difference_ci(a, b, level=1.5)
+
+
+def test_paired_ci_does_not_collapse_without_flips():
+    """The plain Wald interval is [0, 0] when no problem flips: false certainty. Agresti-Min is not."""
+    same = [1] * 45 + [0] * 5
+    ci = stats.paired_difference_ci(same, same)
+    assert ci["diff"] == 0.0
+    assert ci["se"] == pytest.approx(1 / 52)                    # sqrt((1/52) / 52)
+    assert ci["low"] == pytest.approx(-1.959964 / 52, abs=1e-6) and ci["high"] == pytest.approx(1.959964 / 52, abs=1e-6)
+    all_flip = stats.paired_difference_ci([1] * 10, [0] * 10)   # stays inside [-1, 1]
+    assert all_flip["diff"] == 1.0 and -1.0 <= all_flip["low"] < 1.0 and all_flip["high"] <= 1.0
 
 
 def test_drop_verdict_rule_boundaries_and_caveat():

@@ -74,16 +74,24 @@ def mcnemar_exact(a_only: int, b_only: int) -> float:
 
 
 def paired_difference_ci(a: Sequence, b: Sequence, level: float = 0.95) -> dict[str, float]:
-    """mean(a) - mean(b) with a normal-approximation interval from the per-problem differences."""
+    """mean(a) - mean(b) for paired 0/1 outcomes, with Agresti and Min's (2005) interval: the Wald
+    interval of the paired difference after adding 1/2 to each cell of the 2x2 table.
+
+    Why not the plain Wald interval: with no flips (or very few) its standard error is 0 and it
+    claims certainty, [0, 0]; the adjusted one stays honest (about +-3.8 points at 50 problems and no
+    flips) and has close to nominal coverage (Agresti & Min, Stat. Med. 24:729). "diff" is the observed
+    difference; the interval is centred on the adjusted one."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
     a, b = _paired(a, b)
-    d = [x - y for x, y in zip(a, b)]
-    n = len(d)
-    mean = sum(d) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in d) / (n - 1) / n) if n > 1 else math.nan
+    n = len(a)
+    a_only = sum(x and not y for x, y in zip(a, b))
+    b_only = sum(y and not x for x, y in zip(a, b))
+    n_adj, d_adj = n + 2, (a_only - b_only) / (n + 2)          # 1/2 added to each of the four cells
+    se = math.sqrt(((a_only + b_only + 1) / n_adj - d_adj ** 2) / n_adj)
     z = NormalDist().inv_cdf(0.5 + level / 2)
-    return {"diff": mean, "se": se, "low": mean - z * se, "high": mean + z * se, "level": level, "n": n}
+    return {"diff": (a_only - b_only) / n, "se": se, "low": max(-1.0, d_adj - z * se),
+            "high": min(1.0, d_adj + z * se), "level": level, "n": n, "method": "Agresti-Min"}
 
 
 def drop_verdict(golden_acc: float, int4_acc: float) -> dict:
