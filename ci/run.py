@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,41 @@ def _failure_from(exc: BaseException, lab: str, notebook: Path) -> dict:
             "evalue": str(getattr(exc, "evalue", exc)).strip()[:2000]}
 
 
+_WIDGET = "application/vnd.jupyter.widget-view+json"
+_BAR = re.compile(r"^[^\n]*\d+%\|[^|]*\|\s*\d+/\d+ \[[^\]]*\]\s*$")     # tqdm's "43%|####  | 3/7 [00:01<..]"
+
+
+def _is_progress(output) -> bool:
+    """A tqdm bar as a saved notebook holds it: a widget with no state (its first frame, "0/74", shown
+    as text or as "model not found" in JupyterLab) or stderr lines that are only bar updates."""
+    if output.get("output_type") == "display_data":
+        data = output.get("data", {})
+        return _WIDGET in data and set(data) <= {_WIDGET, "text/plain"} and bool(_BAR.match(data.get("text/plain", "")))
+    if output.get("output_type") == "stream" and output.get("name") == "stderr":
+        lines = [ln for ln in re.split(r"[\r\n]", output.get("text", "")) if ln.strip()]
+        return all(_BAR.match(ln) for ln in lines)            # also drops the blank lines tqdm leaves
+    return False
+
+
+def strip_progress_bars(notebook: Path) -> int:
+    """Remove progress bars from an executed notebook (live in JupyterLab, dead weight once saved);
+    every other output stays. Returns how many outputs went; the file is replaced atomically."""
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    dropped = 0
+    for cell in nb.cells:
+        if cell.get("cell_type") == "code":
+            kept = [o for o in cell.get("outputs", []) if not _is_progress(o)]
+            dropped += len(cell.outputs) - len(kept)
+            cell.outputs = kept
+    if dropped:
+        tmp = notebook.with_name(notebook.name + ".tmp")
+        nbformat.write(nb, str(tmp))
+        os.replace(tmp, notebook)
+    return dropped
+
+
 def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from: str | None = None,
               resume_from: Path | None = None, runs_dir: Path | None = None, log=print) -> Path:
     """Run the chain; return the run folder. Raises ChainError (after writing run.json) on failure."""
@@ -161,6 +197,7 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
                                            execution_timeout=profile.get("cell_timeout_s"))
                 if not (run_dir / lab / "results.json").is_file():
                     raise ChainError("the notebook ran to its end but wrote no results.json")
+                strip_progress_bars(out_nb)
             except BaseException as exc:  # noqa: BLE001 - every failure must land in run.json
                 rel = notebook.relative_to(REPO_ROOT) if notebook.is_relative_to(REPO_ROOT) else notebook
                 failure = {**_failure_from(exc, lab, rel), "executed_notebook": str(out_nb)}

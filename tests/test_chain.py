@@ -133,3 +133,29 @@ def test_embedded_default_chain_end_to_end(tmp_path):
     assert all(c["status"] != "FAIL" for c in env["data"]["correctness"])
     report = (run_dir / "report.md").read_text()
     assert "copy GB/s" in report and "matmul fp32" in report
+
+
+def test_strip_progress_bars_keeps_every_other_output(tmp_path):
+    """Saved tqdm bars (a stateless widget, stderr updates) go; text, tables and warnings stay."""
+    out = nbformat.v4.new_output
+    widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0}}
+    outputs = [
+        out("display_data", data={**widget, "text/plain": "Loading weights:   0%|          | 0/74 [00:00<?, ?it/s]"}),
+        out("stream", name="stderr", text="\rRunning generate_until requests:  18%|█▊        | 9/50 [00:02<00:10,  3.94it/s]"),
+        out("stream", name="stderr", text="\n"),
+        out("stream", name="stderr", text="UserWarning: fp16 overflowed\n"),            # a real warning: kept
+        out("stream", name="stderr", text="\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n"),  # mixed: kept
+        out("display_data", data={**widget, "text/plain": "HBox(children=(Button(),))"}),  # not a bar: kept
+        out("stream", name="stdout", text="accuracy 0.94\n"),
+        out("execute_result", data={"text/plain": "   case  status\n0  fp16     ran"}, execution_count=1),
+    ]
+    cell = nbformat.v4.new_code_cell("x = 1")
+    cell.outputs = outputs
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# lab"), cell]), path)
+    assert chain.strip_progress_bars(path) == 3
+    kept = nbformat.read(path, as_version=4).cells[1].outputs
+    assert [o.get("text") or o["data"]["text/plain"] for o in kept] == [
+        "UserWarning: fp16 overflowed\n", "\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n",
+        "HBox(children=(Button(),))", "accuracy 0.94\n", "   case  status\n0  fp16     ran"]
+    assert chain.strip_progress_bars(path) == 0 and not list(tmp_path.glob("*.tmp"))

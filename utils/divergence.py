@@ -297,9 +297,16 @@ def plot_layers(rows: list[dict[str, Any]], title: str = ""):
              if any(r["part"] == p for r in rows)]
     for ax, (metric, label) in zip(axes.flat, [("cosine", "cosine similarity"), ("rel_l2", "normalized L2"),
                                                ("sqnr_db", "SQNR dB"), ("max_abs", "max abs error")]):
+        exact = 0                  # bit-identical points: error 0 (off a log axis), SQNR inf: a gap, counted
         for p in parts:
             pts = [(r["layer"], r[metric]) for r in rows if r["part"] == p]
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=3, label=p)
+            bad = [not math.isfinite(y) or (metric in ("rel_l2", "max_abs") and y <= 0) for _, y in pts]
+            exact += sum(bad)
+            ax.plot([x for x, _ in pts], [math.nan if b else y for (_, y), b in zip(pts, bad)], marker="o", ms=3,
+                    label=p)
+        if exact and metric != "cosine":
+            ax.text(0.01, 0.98, f"{exact} bit-identical point{'s' if exact > 1 else ''} not drawn",
+                    transform=ax.transAxes, fontsize=7, va="top")
         if metric == "cosine":
             ax.axhline(COS_HEALTHY, color="green", ls="--", lw=0.8)
             ax.axhline(COS_CRITICAL, color="red", ls="--", lw=0.8)

@@ -328,11 +328,13 @@ def plot_accuracy(runs: dict[str, dict], title: str = "GSM8K accuracy (lm-eval g
         acc = [100 * run["accuracy"][f]["acc"] for f in FILTERS]
         err = [100 * run["accuracy"][f]["stderr"] for f in FILTERS]
         bars = ax.bar(xs, acc, width, yerr=err, capsize=3, label=name)
-        for bar, v in zip(bars, acc):
-            ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+        for bar, v, e in zip(bars, acc, err):             # above the error bar, not on it
+            ax.annotate(f"{v:.1f}", (bar.get_x() + bar.get_width() / 2, v + e), xytext=(0, 2),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(FILTERS))], FILTERS)
     ax.set_ylabel("accuracy %")
+    ax.set_ylim(0, 112)                                      # room for the labels over 100 %
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig
