@@ -105,7 +105,8 @@ def _failure_from(exc: BaseException, lab: str, notebook: Path) -> dict:
 
 
 _WIDGET = "application/vnd.jupyter.widget-view+json"
-_BAR = re.compile(r"^[^\n]*\d+%\|[^|]*\|\s*\d+/\d+ \[[^\]]*\]\s*$")     # tqdm's "43%|####  | 3/7 [00:01<..]"
+# tqdm's "43%|####  | 3/7 [00:01<00:02, 2.1it/s]", and without a total "0 examples [00:00, ? examples/s]"
+_BAR = re.compile(r"^[^\n]*(\d+%\|[^|]*\|\s*\d+/\d+ \[[^\]]*\]|\d+ \w+ \[\d+:\d+(:\d+)?, [^\]]*/s\])\s*$")
 
 
 def _is_progress(output) -> bool:

@@ -143,6 +143,7 @@ def test_strip_progress_bars_keeps_every_other_output(tmp_path):
         out("display_data", data={**widget, "text/plain": "Loading weights:   0%|          | 0/74 [00:00<?, ?it/s]"}),
         out("stream", name="stderr", text="\rRunning generate_until requests:  18%|█▊        | 9/50 [00:02<00:10,  3.94it/s]"),
         out("stream", name="stderr", text="\n"),
+        out("display_data", data={**widget, "text/plain": "Generating train split: 0 examples [00:00, ? examples/s]"}),
         out("stream", name="stderr", text="UserWarning: fp16 overflowed\n"),            # a real warning: kept
         out("stream", name="stderr", text="\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n"),  # mixed: kept
         out("display_data", data={**widget, "text/plain": "HBox(children=(Button(),))"}),  # not a bar: kept
@@ -153,7 +154,7 @@ def test_strip_progress_bars_keeps_every_other_output(tmp_path):
     cell.outputs = outputs
     path = tmp_path / "lab.ipynb"
     nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# lab"), cell]), path)
-    assert chain.strip_progress_bars(path) == 3
+    assert chain.strip_progress_bars(path) == 4
     kept = nbformat.read(path, as_version=4).cells[1].outputs
     assert [o.get("text") or o["data"]["text/plain"] for o in kept] == [
         "UserWarning: fp16 overflowed\n", "\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n",

@@ -42,4 +42,7 @@ def test_only_the_noted_warnings_are_ignored(restored_loggers):
         warnings.warn("You passed `quantization_config` or equivalent parameters", UserWarning)
         warnings.warn("`is_gradient_checkpointing` is deprecated", FutureWarning)
         warnings.warn("fp16 overflowed to inf", UserWarning)
-    assert [str(w.message) for w in seen] == ["fp16 overflowed to inf"]
+        for path in ("/site/torchao/quantization/quant_api.py", "/labs/my_kernel.py"):    # as the compiler does
+            warnings.warn_explicit("invalid escape sequence '\\.'", SyntaxWarning, path, 1542)
+    assert [str(w.message) for w in seen] == ["fp16 overflowed to inf", "invalid escape sequence '\\.'"]
+    assert seen[-1].filename == "/labs/my_kernel.py"            # torchao's is silenced, a student's is not

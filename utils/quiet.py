@@ -26,9 +26,11 @@ NOTED_MESSAGES = {
                                    r"Passed an already-initialized model through `pretrained`"),
     "lm_eval.evaluator": (r"generation_kwargs: .* specified through cli", r"Overwriting default num_fewshot"),
 }
-# (category, message regex) of the warnings transformers raises on every load of the GPTQ model
-NOTED_WARNINGS = ((UserWarning, r"You passed `quantization_config`"),
-                  (FutureWarning, r"`is_gradient_checkpointing` is deprecated"))
+# (category, message regex, module regex) of warnings raised on every run: transformers' on each load of
+# the GPTQ model, and torchao's source compiled by Python 3.12+ on a fresh install (an escape in a docstring)
+NOTED_WARNINGS = ((UserWarning, r"You passed `quantization_config`", ""),
+                  (FutureWarning, r"`is_gradient_checkpointing` is deprecated", ""),
+                  (SyntaxWarning, r"invalid escape sequence", r".*torchao"))
 
 
 class _DropMessages(logging.Filter):
@@ -45,8 +47,8 @@ class _DropMessages(logging.Filter):
 
 def quiet_libraries() -> dict:
     """Apply the module's silences (idempotent); returns what was silenced, for the curious."""
-    for category, message in NOTED_WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category)
+    for category, message, module in NOTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for name, level in LOGGER_LEVELS.items():
         logging.getLogger(name).setLevel(level)
     for name, patterns in NOTED_MESSAGES.items():
@@ -60,4 +62,4 @@ def quiet_libraries() -> dict:
     except ImportError:
         pass
     return {"loggers": {k: logging.getLevelName(v) for k, v in LOGGER_LEVELS.items()}, "messages": NOTED_MESSAGES,
-            "warnings": [m for _, m in NOTED_WARNINGS]}
+            "warnings": [m for _, m, _ in NOTED_WARNINGS]}
