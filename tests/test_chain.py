@@ -141,11 +141,14 @@ def test_strip_progress_bars_keeps_every_other_output(tmp_path):
     widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0}}
     outputs = [
         out("display_data", data={**widget, "text/plain": "Loading weights:   0%|          | 0/74 [00:00<?, ?it/s]"}),
-        out("stream", name="stderr", text="\rRunning generate_until requests:  18%|█▊        | 9/50 [00:02<00:10,  3.94it/s]"),
+        out("stream", name="stderr",
+            text="\rRunning generate_until requests:  18%|█▊        | 9/50 [00:02<00:10,  3.94it/s]"),
         out("stream", name="stderr", text="\n"),
-        out("display_data", data={**widget, "text/plain": "Generating train split: 0 examples [00:00, ? examples/s]"}),
+        out("display_data", data={**widget,
+                                  "text/plain": "Generating train split: 0 examples [00:00, ? examples/s]"}),
         out("stream", name="stderr", text="UserWarning: fp16 overflowed\n"),            # a real warning: kept
-        out("stream", name="stderr", text="\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n"),  # mixed: kept
+        out("stream", name="stderr",                                                       # mixed: kept
+            text="\r 50%|█████     | 1/2 [00:01<00:01]\nTraceback: boom\n"),
         out("display_data", data={**widget, "text/plain": "HBox(children=(Button(),))"}),  # not a bar: kept
         out("stream", name="stdout", text="accuracy 0.94\n"),
         out("execute_result", data={"text/plain": "   case  status\n0  fp16     ran"}, execution_count=1),

@@ -300,7 +300,7 @@ def plot_layers(rows: list[dict[str, Any]], title: str = ""):
         exact = 0                  # bit-identical points: error 0 (off a log axis), SQNR inf: a gap, counted
         for p in parts:
             pts = [(r["layer"], r[metric]) for r in rows if r["part"] == p]
-            bad = [not math.isfinite(y) or (metric in ("rel_l2", "max_abs") and y <= 0) for _, y in pts]
+            bad = [y == math.inf or (metric in ("rel_l2", "max_abs") and y <= 0) for _, y in pts]
             exact += sum(bad)
             ax.plot([x for x, _ in pts], [math.nan if b else y for (_, y), b in zip(pts, bad)], marker="o", ms=3,
                     label=p)

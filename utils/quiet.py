@@ -5,8 +5,9 @@ to a student: torchao's "Failed to load ..._C_mxfp8.so" (its CUDA extensions, on
 pytree deprecation notes, GPTQModel's banner and INFO lines, transformers' notes on the GPTQ config,
 lm-eval's INFO lines and its warnings about arguments the course passes on purpose.
 quiet_libraries() silences exactly those: whole loggers only where everything below ERROR is such
-noise (torchao, torch's pytree, GPTQModel; lm-eval's INFO), elsewhere the named messages. Other warnings, and every
-error, still show. Call it before the libraries are imported (the labs' first code cell does).
+noise (torchao, torch's pytree, GPTQModel; lm-eval's INFO), elsewhere the named messages. Other
+warnings, and every error, still show. Call it before the libraries are imported (the labs' first
+code cell does).
 """
 from __future__ import annotations
 
