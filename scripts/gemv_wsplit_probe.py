@@ -80,19 +80,14 @@ def _wsplit_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N
                      eviction_policy="evict_first")
         qb = tl.load(qw_ptr + (rows + 1)[:, :, None] * N + rn[None, None, :], mask=m3, other=0,
                      eviction_policy="evict_first")
-        a0, a1, a2, a3 = tl.inline_asm_elementwise(
-            kernels._XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + rows * 4).to(tl.int64, bitcast=True)],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-            kernels._XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + (rows + 1) * 4).to(tl.int64, bitcast=True)],
-            dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+        a0, a1, a2, a3 = kernels._xpairs(x32, rows)             # each [GT, 8, 1]
+        b0, b1, b2, b3 = kernels._xpairs(x32, rows + 1)
         zz = ((0x6400 + z) << 16) | (0x6400 + z)
         nz = 0xD400 + (z << 4)
         nzz = (nz << 16) | nz
         part = tl.inline_asm_elementwise(
             kernels._F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
-            [qa, qb, zz, nzz, a0[:, :, None], a1[:, :, None], a2[:, :, None],
-             a3[:, :, None], b0[:, :, None], b1[:, :, None], b2[:, :, None], b3[:, :, None]],
+            [qa, qb, zz, nzz, a0, a1, a2, a3, b0, b1, b2, b3],
             dtype=tl.int32, is_pure=True, pack=1).to(tl.float32, bitcast=True)
         acc += part * s[:, None, :]
     y = tl.sum(tl.sum(acc, axis=1), axis=0)

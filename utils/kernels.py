@@ -437,12 +437,13 @@ prmt.b32 $3, x23, x67, 0x7632;
 
 @triton.jit
 def _xpairs(x32, row):
-    """fp16x2 registers (x[8 row + j], x[8 row + j + 4]) for j = 0..3, each [len(row), 1]; x32 must be
-    16-byte aligned (int4_gemv copies x if it is not)."""
+    """fp16x2 registers (x[8 row + j], x[8 row + j + 4]) for j = 0..3, each shaped like row with a trailing
+    axis of 1 (row [R] gives [R, 1]), to broadcast over a tile's columns; x32 must be 16-byte aligned
+    (int4_gemv copies x if it is not)."""
     p0, p1, p2, p3 = tl.inline_asm_elementwise(
         _XPAIRS_V4, "=r,=r,=r,=r,l", [(x32 + row * 4).to(tl.int64, bitcast=True)],
         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
-    return p0[:, None], p1[:, None], p2[:, None], p3[:, None]
+    return tl.expand_dims(p0, -1), tl.expand_dims(p1, -1), tl.expand_dims(p2, -1), tl.expand_dims(p3, -1)
 
 
 @triton.jit
