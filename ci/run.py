@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from utils.reporting import build_report
-from utils.results import atomic_write_json
+from utils.results import atomic_write_json, atomic_write_text
 from utils.runs import REPO_ROOT, RUN_MANIFEST, new_run_dir, runs_root
 
 LABS_DIR = REPO_ROOT / "labs"
@@ -134,9 +134,8 @@ def strip_progress_bars(notebook: Path) -> int:
             dropped += len(cell.outputs) - len(kept)
             cell.outputs = kept
     if dropped:
-        tmp = notebook.with_name(notebook.name + ".tmp")
-        nbformat.write(nb, str(tmp))
-        os.replace(tmp, notebook)
+        text = nbformat.writes(nb)
+        atomic_write_text(notebook, text if text.endswith("\n") else text + "\n")   # as nbformat.write
     return dropped
 
 
