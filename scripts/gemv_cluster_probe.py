@@ -315,7 +315,8 @@ def main():
                lambda *o, sk=sk: gluon_gemv(*o, warps=1, split=sk, cluster=False)}
         shipped_y = next(iter(fns.values()))(*ops)
         tried = [(f"Triton cluster: {bn} columns, 1 warp, split {sp}", (bn, sp, 4),
-                  lambda *o, bn=bn, sp=sp: cluster_gemv(*o, block_n=bn, split=sp, pack=4)) for bn, sp in cases["triton"]]
+                  lambda *o, bn=bn, sp=sp: cluster_gemv(*o, block_n=bn, split=sp, pack=4))
+                 for bn, sp in cases["triton"]]
         tried += [(f"Gluon cluster: {w} warps (32 columns each), split {sp}", ("gluon", w, sp),
                    lambda *o, w=w, sp=sp: gluon_gemv(*o, warps=w, split=sp)) for w, sp in cases["gluon"]]
         for name, key, f in tried + [(k, None, f) for k, f in fns.items()]:
