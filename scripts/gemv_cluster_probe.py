@@ -99,7 +99,7 @@ def _gluon():
         return _CU["gluon"]
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from gemv_gluon_probe import _store_splitk, _xpairs
+    from gemv_gluon_probe import _group_terms, _scaled_dot, _store_splitk
 
     @gluon.jit
     def _cluster_gemv_gluon(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
@@ -119,26 +119,12 @@ def _gluon():
         x32 = x_ptr.to(gl.pointer_type(gl.int32))
         acc = gl.zeros([8, BLOCK_N], gl.float32, L)
         for g in range(pid_k, K // 128, SPLIT_K):
-            zp = gl.load(qz_ptr + g * (N // 8) + cols // 8)
-            z = ((zp >> ((cols % 8) * 4)) & 0xF) + 1
-            zz = ((0x6400 + z) << 16) | (0x6400 + z)
-            nz = 0xD400 + (z << 4)
-            nzz = (nz << 16) | nz
-            s = gl.load(s_ptr + g * N + cols).to(gl.float32)
-            xg = x32 + g * 64
-            a0, a1, a2, a3 = _xpairs(xg, 2 * rows)
-            b0, b1, b2, b3 = _xpairs(xg, 2 * rows + 1)
+            terms = _group_terms(x32, qz_ptr, s_ptr, g, rows, cols, N, 128)
             qa = gl.load(qw_ptr + gl.expand_dims(g * 16 + 2 * rows, 1) * N + gl.expand_dims(cols, 0),
                          eviction_policy="evict_first")
             qb = gl.load(qw_ptr + gl.expand_dims(g * 16 + 2 * rows + 1, 1) * N + gl.expand_dims(cols, 0),
                          eviction_policy="evict_first")
-            part = gl.inline_asm_elementwise(
-                kernels._F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
-                [qa, qb, gl.expand_dims(zz, 0), gl.expand_dims(nzz, 0),
-                 gl.expand_dims(a0, 1), gl.expand_dims(a1, 1), gl.expand_dims(a2, 1), gl.expand_dims(a3, 1),
-                 gl.expand_dims(b0, 1), gl.expand_dims(b1, 1), gl.expand_dims(b2, 1), gl.expand_dims(b3, 1)],
-                dtype=gl.int32, is_pure=True, pack=1).to(gl.float32, bitcast=True)
-            acc += part * gl.expand_dims(s, 0)
+            acc += _scaled_dot(qa, qb, terms)
         y = gl.sum(acc, axis=0)
         if CLUSTER:
             off = 4 * gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, L))
@@ -302,17 +288,16 @@ SHIPPED = {(3584, 18944): 6, (18944, 3584): 30}
 
 def main():
     from gemv_probe import shape_case, write_table
-    from gemv_tail_probe import checked_repeats, probe_start, timed_rows
+    from gemv_tail_probe import checked_repeats, probe_start, shipped_gemv, timed_rows
     out, copy = probe_start("gemv_cluster_probe", "thread-block clusters and DSMEM are sm_90 features")
     rows = []
     for (K, N), cases in CASES.items():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
         ref = ops[0].float() @ wd
         sk = SHIPPED[(K, N)]
-        fns = {f"shipped (32 columns, 1 warp, split {sk})":
-               lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1, num_stages=1),
-               f"Gluon control: 1 warp, split {sk}, global fix-up":
-               lambda *o, sk=sk: gluon_gemv(*o, warps=1, split=sk, cluster=False)}
+        fns = dict([shipped_gemv(sk)])
+        fns.update({f"Gluon control: 1 warp, split {sk}, global fix-up":
+                    lambda *o, sk=sk: gluon_gemv(*o, warps=1, split=sk, cluster=False)})
         shipped_y = next(iter(fns.values()))(*ops)
         tried = [(f"Triton cluster: {bn} columns, 1 warp, split {sp}", (bn, sp, 4),
                   lambda *o, bn=bn, sp=sp: cluster_gemv(*o, block_n=bn, split=sp, pack=4))

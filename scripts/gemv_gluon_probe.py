@@ -61,6 +61,36 @@ def _xpairs(x32, row):
 
 
 @gluon.jit
+def _group_terms(x32, qz_ptr, s_ptr, g, rows, cols, N, GROUP: gl.constexpr):
+    """What group g's f16x2 dot needs besides its codes, per column cols and packed-row pair rows: the
+    zero points as fp16x2 1024 + z and -(64 + z), the fp32 scales, and the x pairs of the even (a) and
+    odd (b) packed rows (utils.kernels._group_dot_f16x2's operands). Loaded before the codes are waited for."""
+    zp = gl.load(qz_ptr + g * (N // 8) + cols // 8)
+    z = ((zp >> ((cols % 8) * 4)) & 0xF) + 1
+    zz = ((0x6400 + z) << 16) | (0x6400 + z)
+    nz = 0xD400 + (z << 4)
+    nzz = (nz << 16) | nz
+    s = gl.load(s_ptr + g * N + cols).to(gl.float32)
+    xg = x32 + g * (GROUP // 2)
+    a0, a1, a2, a3 = _xpairs(xg, 2 * rows)
+    b0, b1, b2, b3 = _xpairs(xg, 2 * rows + 1)
+    return zz, nzz, s, a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@gluon.jit
+def _scaled_dot(qa, qb, terms):
+    """fp32 [rows, columns]: the shipped f16x2 PTX over even (qa) and odd (qb) packed rows, times the scale."""
+    zz, nzz, s, a0, a1, a2, a3, b0, b1, b2, b3 = terms
+    part = gl.inline_asm_elementwise(
+        kernels._F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [qa, qb, gl.expand_dims(zz, 0), gl.expand_dims(nzz, 0),
+         gl.expand_dims(a0, 1), gl.expand_dims(a1, 1), gl.expand_dims(a2, 1), gl.expand_dims(a3, 1),
+         gl.expand_dims(b0, 1), gl.expand_dims(b1, 1), gl.expand_dims(b2, 1), gl.expand_dims(b3, 1)],
+        dtype=gl.int32, is_pure=True, pack=1).to(gl.float32, bitcast=True)
+    return part * gl.expand_dims(s, 0)
+
+
+@gluon.jit
 def _store_splitk(y, part_ptr, lock_ptr, y_ptr, pid_n, pid_k, cols, N, SPLIT_K: gl.constexpr):
     """Store this CTA's sums y of columns cols, through utils.kernels' split-K fix-up when SPLIT_K > 1:
     partials to part_ptr, a counter, and the last CTA of the column block adds them in order."""
@@ -100,28 +130,14 @@ def _compute_partition(x_ptr, qz_ptr, s_ptr, ready, empty, qa_bufs, qb_bufs, n0,
     acc = gl.zeros([R2, BLOCK_N], gl.float32, L)
     for i in range(g1 - g0):
         g = g0 + i
-        zp = gl.load(qz_ptr + g * (N // 8) + cols // 8)
-        z = ((zp >> ((cols % 8) * 4)) & 0xF) + 1
-        zz = ((0x6400 + z) << 16) | (0x6400 + z)
-        nz = 0xD400 + (z << 4)
-        nzz = (nz << 16) | nz
-        s = gl.load(s_ptr + g * N + cols).to(gl.float32)
-        xg = x32 + g * (GROUP // 2)
-        a0, a1, a2, a3 = _xpairs(xg, 2 * rows)
-        b0, b1, b2, b3 = _xpairs(xg, 2 * rows + 1)
+        terms = _group_terms(x32, qz_ptr, s_ptr, g, rows, cols, N, GROUP)
         idx = i % STAGES
         mbarrier.wait(ready.index(idx), (i // STAGES) & 1)
         qa = qa_bufs.index(idx).load(L)
         qb = qb_bufs.index(idx).load(L)
         fence_async_shared()
         mbarrier.arrive(empty.index(idx), count=1)
-        part = gl.inline_asm_elementwise(
-            kernels._F16X2_DOT16, "=r,r,r,r,r,r,r,r,r,r,r,r,r",
-            [qa, qb, gl.expand_dims(zz, 0), gl.expand_dims(nzz, 0),
-             gl.expand_dims(a0, 1), gl.expand_dims(a1, 1), gl.expand_dims(a2, 1), gl.expand_dims(a3, 1),
-             gl.expand_dims(b0, 1), gl.expand_dims(b1, 1), gl.expand_dims(b2, 1), gl.expand_dims(b3, 1)],
-            dtype=gl.int32, is_pure=True, pack=1).to(gl.float32, bitcast=True)
-        acc += part * gl.expand_dims(s, 0)
+        acc += _scaled_dot(qa, qb, terms)
     return (gl.sum(acc, axis=0),)                # the default partition's results are a tuple
 
 

@@ -127,6 +127,13 @@ def checked_repeats(call, ref, K: int, runs: int = 20):
     return err, sum(int((o != outs[0]).sum()) for o in outs[1:]) / (runs - 1)
 
 
+def shipped_gemv(split_k: int) -> tuple:
+    """(row name, fn(x, qw, qz, s)): utils.kernels.int4_gemv at the shipped tile (32 columns, one warp, one
+    stage) and a fixed split, the row every probe times its variants against in the same run."""
+    return (f"shipped (32 columns, 1 warp, split {split_k})",
+            lambda *o: kernels.int4_gemv(*o, 128, block_n=32, split_k=split_k, num_warps=1, num_stages=1))
+
+
 def probe_start(script: str, why: str) -> tuple[Path, float]:
     """(folder for the probe's table, the device's copy GB/s); without a GPU, stops with where to run it."""
     if not torch.cuda.is_available() or kernels.interpreted():
@@ -156,8 +163,7 @@ def main():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
         x = ops[0]
         for sk in splits:
-            fns = {"shipped": lambda *o, sk=sk: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
-                                                                 num_stages=1)}
+            fns = {"shipped": shipped_gemv(sk)[1]}
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
             zeroed = lambda *o, sk=sk: tail_probe(*o, sk, "red.add", y32=torch.zeros(N, device="cuda"))  # noqa: E731
             fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)

@@ -32,7 +32,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from gemv_probe import shape_case, write_table  # noqa: E402
-from gemv_tail_probe import checked_repeats, probe_start, timed_rows  # noqa: E402
+from gemv_tail_probe import checked_repeats, probe_start, shipped_gemv, timed_rows  # noqa: E402
 from utils import kernels  # noqa: E402
 
 # (K, N) -> [(BLOCK_N, num_warps, GT groups per step, SPLIT_K)]: warps x programs near the one-wave count
@@ -116,9 +116,7 @@ def main():
     for (K, N), cfgs in CASES.items():
         ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
         ref = ops[0].float() @ wd
-        fns = {f"shipped (32 columns, 1 warp, split {SHIPPED[K, N]})":
-               lambda *o, sk=SHIPPED[K, N]: kernels.int4_gemv(*o, 128, block_n=32, split_k=sk, num_warps=1,
-                                                             num_stages=1)}
+        fns = dict([shipped_gemv(SHIPPED[K, N])])
         for bn, w, gt, sk in cfgs:
             fns[f"{bn} columns, {w} warps, {gt} groups a step, split {sk}"] = (
                 lambda *o, c=(bn, w, gt, sk): wsplit_gemv(*o, *c))
