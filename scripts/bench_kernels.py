@@ -9,7 +9,9 @@ Targets: Triton fp16/bf16 GEMM at 8192^3 >= 90% of torch.matmul TFLOP/s in the s
 shapes, batch 1, >= 70% of the measured copy bandwidth and >= 3x bf16 GEMV. Each kernel's output is
 checked against torch before it is timed: a fast wrong kernel is not reported as fast.
 Timing: triton.testing.do_bench_cudagraph (CUDA graph replay, so launch overhead of the Python
-wrapper is not counted for either side), median of replays, and the median of 3 such timings. The GEMV
+wrapper is not counted for either side), median of replays, and the median of 3 such timings; a GEMM
+row's kernels are timed in turn within each of the 3 rounds (bench_interleaved), since the H200 runs
+long GEMMs power-capped and its clocks drift. The GEMV
 rows (ours and bf16) read their weights cold: the replays rotate over copies of the operands, together
 at least 3x the L2 cache, as a decode step does (it reads each layer's weights once per token). Replaying
 one copy would let part of the 34 MB of Int4 weights sit in the H200's 50 MB L2; that "hot" time is in
@@ -38,6 +40,18 @@ def bench(fn, repeats: int = 3) -> float:
     """Milliseconds per call: the median over `repeats` timings, each the median of CUDA-graph replays
     (the same timer as Lab 05's roofline). Repeating shows up a noisy machine instead of reporting it."""
     return statistics.median(roofline.time_kernel(fn, "cuda") * 1e3 for _ in range(repeats))
+
+
+def bench_interleaved(fns: dict, repeats: int = 3) -> dict:
+    """bench() of several callables, interleaved: each round times every one of them in turn, so drift in
+    the clocks (a power-capped GPU under long GEMMs) falls on all of them alike instead of on whichever
+    ran last; name -> the median over rounds (ms). Each round's times are printed to the log."""
+    times = {k: [] for k in fns}
+    for r in range(repeats):
+        for k, fn in fns.items():
+            times[k].append(roofline.time_kernel(fn, "cuda") * 1e3)
+        print("  round " + str(r) + ": " + ", ".join(f"{k} {v[-1] * 1e3:.1f} us" for k, v in times.items()), flush=True)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def bench_cold(call, operands: tuple, repeats: int = 3) -> float:
@@ -70,8 +84,8 @@ def gemm_rows(n, sweep):
         a = torch.randn(n, n, device="cuda", dtype=dt)
         b = torch.randn(n, n, device="cuda", dtype=dt)
         check(kernels.matmul(a, b), a @ b, dt, n, f"GEMM {name}")
-        t_ref = bench(lambda: torch.matmul(a, b))
-        t_ours = bench(lambda: kernels.matmul(a, b))
+        t = bench_interleaved({"torch.matmul": lambda: torch.matmul(a, b), "ours": lambda: kernels.matmul(a, b)})
+        t_ref, t_ours = t["torch.matmul"], t["ours"]
         best = kernels._matmul_tuned.best_config
         tf = lambda t: 2 * n**3 / (t * 1e-3) / 1e12  # noqa: E731
         rows.append({"kernel": f"Triton GEMM {name}", "shape": f"{n}^3", "ours": f"{tf(t_ours):.0f} TFLOP/s",
@@ -147,9 +161,10 @@ def grouped_rows(shapes):
         a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
         check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, dt, K, "grouped GEMM")
         check(kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False), ref, dt, K, "grouped GEMM (pointers)")
-        t_loop = bench(lambda: kernels.grouped_matmul_loop(a, b, sizes))
-        t_ours = bench(lambda: kernels.grouped_matmul(a, b, offs, max_rows=m))
-        t_ptr = bench(lambda: kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False))
+        t = bench_interleaved({"loop": lambda: kernels.grouped_matmul_loop(a, b, sizes),
+                               "ours": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m),
+                               "ours (pointers)": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False)})
+        t_loop, t_ours, t_ptr = t["loop"], t["ours"], t["ours (pointers)"]
         flop = 2 * G * m * K * N
         tf = lambda t: flop / (t * 1e-3) / 1e12  # noqa: E731
         note = f"TMA path {'on' if kernels._tma_ok(a, b) else 'off'}; pointer loads {tf(t_ptr):.0f} TFLOP/s"
