@@ -287,41 +287,37 @@ SHIPPED = {(3584, 18944): 6, (18944, 3584): 30}
 
 
 def main():
-    from gemv_probe import shape_case, write_table
-    from gemv_tail_probe import checked_repeats, probe_start, shipped_gemv, timed_rows
+    from gemv_probe import write_table
+    from gemv_tail_probe import keep_checked, probe_shapes, probe_start, shipped_gemv, timed_rows
     out, copy = probe_start("gemv_cluster_probe", "thread-block clusters and DSMEM are sm_90 features")
     rows = []
-    for (K, N), cases in CASES.items():
-        ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
-        ref = ops[0].float() @ wd
+    for K, N, cases, ops, ref, qbytes, t_bf in probe_shapes(CASES):
         sk = SHIPPED[(K, N)]
         fns = dict([shipped_gemv(sk)])
-        fns.update({f"Gluon control: 1 warp, split {sk}, global fix-up":
-                    lambda *o, sk=sk: gluon_gemv(*o, warps=1, split=sk, cluster=False)})
         shipped_y = next(iter(fns.values()))(*ops)
-        tried = [(f"Triton cluster: {bn} columns, 1 warp, split {sp}", (bn, sp, 4),
-                  lambda *o, bn=bn, sp=sp: cluster_gemv(*o, block_n=bn, split=sp, pack=4))
-                 for bn, sp in cases["triton"]]
-        tried += [(f"Gluon cluster: {w} warps (32 columns each), split {sp}", ("gluon", w, sp),
-                   lambda *o, w=w, sp=sp: gluon_gemv(*o, warps=w, split=sp)) for w, sp in cases["gluon"]]
-        for name, key, f in tried + [(k, None, f) for k, f in fns.items()]:
-            try:
-                err, changed = checked_repeats(lambda f=f: f(*ops), ref, K)
-            except BaseException as exc:  # noqa: BLE001 - a config that does not build or run is reported
-                print(f"{K}->{N} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                fns.pop(name, None)
-                continue
-            line = f"{K}->{N} {name}: relative L2 {err:.2e}, {changed:.0f} outputs change bits per run (20 runs)"
-            if key is not None:
+        fns[f"Gluon control: 1 warp, split {sk}, global fix-up"] = (
+            lambda *o, sk=sk: gluon_gemv(*o, warps=1, split=sk, cluster=False))
+        keys = {}                                   # name -> _COMPILED's key, for the cluster kernels
+        for bn, sp in cases["triton"]:
+            name = f"Triton cluster: {bn} columns, 1 warp, split {sp}"
+            fns[name] = lambda *o, bn=bn, sp=sp: cluster_gemv(*o, block_n=bn, split=sp, pack=4)
+            keys[name] = (bn, sp, 4)
+        for w, sp in cases["gluon"]:
+            name = f"Gluon cluster: {w} warps (32 columns each), split {sp}"
+            fns[name] = lambda *o, w=w, sp=sp: gluon_gemv(*o, warps=w, split=sp)
+            keys[name] = ("gluon", w, sp)
+
+        def note(name, fns=fns, keys=keys, ops=ops, shipped_y=shipped_y, N=N):
+            line = ""
+            if name in keys:
+                key = keys[name]
                 ck, barriers = _COMPILED[key]
-                grid = (N // 32) * key[2] if key[0] == "gluon" else (N // key[0]) * key[1]
-                grid //= key[1] if key[0] == "gluon" else 1
-                line += (f"; {ck.n_regs} registers, {barriers} cluster barriers in the PTX; {resident_ctas(key)} "
-                         f"CTAs resident at once for {grid} in the grid")
-                fns[name] = f
-            line += f"; bit-identical to shipped: {bool(torch.equal(f(*ops), shipped_y))}"
-            print(line, flush=True)
-        rows += timed_rows(fns, ops, K, N, qbytes, t_bf)
+                grid = (N // 32) * key[2] // key[1] if key[0] == "gluon" else (N // key[0]) * key[1]
+                line = (f"; {ck.n_regs} registers, {barriers} cluster barriers in the PTX; {resident_ctas(key)} "
+                        f"CTAs resident at once for {grid} in the grid")
+            return line + f"; bit-identical to shipped: {bool(torch.equal(fns[name](*ops), shipped_y))}"
+
+        rows += timed_rows(keep_checked(fns, ops, ref, K, N, note), ops, K, N, qbytes, t_bf)
     print("\n".join(write_table(rows, copy, out / "gemv_cluster_probe.md")))
 
 

@@ -134,6 +134,31 @@ def shipped_gemv(split_k: int) -> tuple:
             lambda *o: kernels.int4_gemv(*o, 128, block_n=32, split_k=split_k, num_warps=1, num_stages=1))
 
 
+def probe_shapes(cases: dict):
+    """For each (K, N) of cases: (K, N, cases[K, N], operands (x, qw, qz, s), the fp32 reference output,
+    the bytes a GEMV moves, the bf16 baseline's seconds), made by gemv_probe.shape_case."""
+    for (K, N), what in cases.items():
+        ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
+        yield K, N, what, ops, ops[0].float() @ wd, qbytes, t_bf
+
+
+def keep_checked(fns: dict, ops, ref, K: int, N: int, note=lambda name: "") -> dict:
+    """The fns (name -> fn(*ops)) whose outputs pass checked_repeats; one that is wrong or does not run is
+    reported and dropped, so one failing config does not lose the others' rows. Prints a line per kept
+    fn: its error, the outputs changing bits over 20 runs, and note(name)."""
+    kept = {}
+    for name, f in fns.items():
+        try:
+            err, changed = checked_repeats(lambda f=f: f(*ops), ref, K)
+        except (SystemExit, Exception) as exc:  # noqa: BLE001 - reported, and the probe goes on
+            print(f"{K}->{N} {name}: dropped ({type(exc).__name__}: {str(exc)[:300]})", flush=True)
+            continue
+        print(f"{K}->{N} {name}: relative L2 {err:.2e}, {changed:.0f} outputs change bits per run (20 runs)"
+              f"{note(name)}", flush=True)
+        kept[name] = f
+    return kept
+
+
 def probe_start(script: str, why: str) -> tuple[Path, float]:
     """(folder for the probe's table, the device's copy GB/s); without a GPU, stops with where to run it."""
     if not torch.cuda.is_available() or kernels.interpreted():

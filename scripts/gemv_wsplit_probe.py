@@ -31,8 +31,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gemv_probe import shape_case, write_table  # noqa: E402
-from gemv_tail_probe import checked_repeats, probe_start, shipped_gemv, timed_rows  # noqa: E402
+from gemv_probe import write_table  # noqa: E402
+from gemv_tail_probe import keep_checked, probe_shapes, probe_start, shipped_gemv, timed_rows  # noqa: E402
 from utils import kernels  # noqa: E402
 
 # (K, N) -> [(BLOCK_N, num_warps, GT groups per step, SPLIT_K)]: warps x programs near the one-wave count
@@ -113,21 +113,12 @@ def wsplit_gemv(x, qw, qz, s, block_n: int, num_warps: int, gt: int, split_k: in
 def main():
     out, copy = probe_start("gemv_wsplit_probe", "the f16x2 dequant is PTX")
     rows = []
-    for (K, N), cfgs in CASES.items():
-        ops, wd, qbytes, t_bf = shape_case(K, N, "cuda")
-        ref = ops[0].float() @ wd
+    for K, N, cfgs, ops, ref, qbytes, t_bf in probe_shapes(CASES):
         fns = dict([shipped_gemv(SHIPPED[K, N])])
         for bn, w, gt, sk in cfgs:
             fns[f"{bn} columns, {w} warps, {gt} groups a step, split {sk}"] = (
                 lambda *o, c=(bn, w, gt, sk): wsplit_gemv(*o, *c))
-        for name, f in list(fns.items()):                   # the timing-only row is added after the checks
-            try:
-                err, changed = checked_repeats(lambda f=f: f(*ops), ref, K)
-            except (SystemExit, Exception) as exc:    # one failing config must not lose the others' rows
-                print(f"{K}->{N} {name}: dropped ({exc})", flush=True)
-                del fns[name]
-                continue
-            print(f"{K}->{N} {name}: relative L2 {err:.2e}, {changed:.0f} outputs changing bits per run", flush=True)
+        fns = keep_checked(fns, ops, ref, K, N)                 # the timing-only row is added after the checks
         fns["the first's tile, every zero point 8 (not a GEMV: timing only)"] = (
             lambda *o, c=TIMING_ONLY[K, N]: wsplit_gemv(*o, *c, zmode=2))
         rows += timed_rows(fns, ops, K, N, qbytes, t_bf)
