@@ -20,9 +20,9 @@ Answer (H200, gemv_cluster_probe.md and .log in docs/device-runs/20261124-lab05-
 at every config, no output bit changing in 20 runs, the shipped kernel's bits at its split 6, and slower
 at every config. Round 24a, one-warp CTAs (this Triton kernel): the driver keeps 978-992 of them resident
 at once when they are launched as clusters (cuOccupancyMaxActiveClusters x the cluster size), against
-3552 in the shipped grid, and they took 28.1 / 22.6 us. Round 24b, CTAs of 2-8 warps, each warp its own
-32 columns (a Gluon kernel with the layout stated, so one wave fits): 13.8 / 15.2 us at best against the
-shipped kernel's 12.8 / 13.4 us and the same Gluon kernel's 13.7 / 14.3 us through the global fix-up.
+3552 in the shipped grid, and they took 28.1 / 22.5 us. Round 24b, CTAs of 2-8 warps, each warp its own
+32 columns (a Gluon kernel with the layout stated, so one wave fits): 13.8 / 15.3 us at best against the
+shipped kernel's 12.5 / 13.1 us and the same Gluon kernel's 13.6 / 14.3 us through the global fix-up.
 
     python scripts/gemv_cluster_probe.py     # GPU (sm_90); table $OUT/gemv_cluster_probe.md
 """
@@ -159,24 +159,9 @@ def gluon_gemv(x, qw, qz, s, warps: int = 4, split: int = 6, cluster: bool = Tru
         return y.reshape(1, N)
     key = ("gluon", warps, split)
     if key not in _COMPILED:
-        ck = kern.warmup(x, qw, qz, s, y, y, y, K, N, SPLIT_K=split, CLUSTER=True, ASM=asm, CONSTRAINTS=cons,
-                         num_warps=warps, grid=(1,))
-        ck._init_handles()
-        ptx = ck.asm["ptx"]
-        nparams = ptx.split(".entry", 1)[1].split(")", 1)[0].count(".param")
-        if nparams != 9 + 2:
-            raise SystemExit(f"unexpected kernel parameters ({nparams}); this launcher passes 11")
-        if split > 8:
-            _cuda().cuFuncSetAttribute(ctypes.c_void_p(ck.function), _NON_PORTABLE_CLUSTER, 1)
-        _COMPILED[key] = (ck, ptx.count("barrier.cluster.arrive"))
-    ck, _ = _COMPILED[key]
-    vals = [ctypes.c_uint64(t.data_ptr()) for t in (x, qw, qz, s, y, y, y)]
-    vals += [ctypes.c_int32(K), ctypes.c_int32(N), ctypes.c_uint64(0), ctypes.c_uint64(0)]
-    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
-    cfg, _attr = _launch_config(ck, grid, split)
-    err = _cuda().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(ck.function), params, None)
-    if err:
-        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
+        _register(key, kern.warmup(x, qw, qz, s, y, y, y, K, N, SPLIT_K=split, CLUSTER=True, ASM=asm,
+                                   CONSTRAINTS=cons, num_warps=warps, grid=(1,)), 9, split)
+    _launch_cluster(_COMPILED[key][0], (x, qw, qz, s, y, y, y), (K, N), grid, split)   # part and locks unused
     return y.reshape(1, N)
 
 
@@ -224,21 +209,39 @@ def _compiled(x, qw, qz, s, y, block_n: int, split: int, pack: int):
         K, N = qw.shape[0] * 8, qw.shape[1]
         asm = cluster_sum_asm(split, pack, block_n)
         cons = ",".join(["=r"] * pack + ["r"] * (2 * pack))
-        ck = _cluster_gemv_kernel.warmup(x, qw, qz, s, y, K, N, BLOCK_N=block_n, SPLIT_K=split, ASM=asm,
-                                         CONSTRAINTS=cons, PACK=pack, grid=(1,), num_warps=1, num_stages=1)
-        ck._init_handles()
-        ptx = ck.asm["ptx"]
-        nparams = ptx.split(".entry", 1)[1].split(")", 1)[0].count(".param")
-        if nparams != 7 + 2:                      # 7 arguments + Triton's global and profile scratch
-            raise SystemExit(f"unexpected kernel parameters ({nparams}); this launcher passes 9")
-        if getattr(ck.metadata, "global_scratch_size", 0):
-            raise SystemExit("the kernel wants global scratch; this launcher passes none")
-        if split > 8:
-            err = _cuda().cuFuncSetAttribute(ctypes.c_void_p(ck.function), _NON_PORTABLE_CLUSTER, 1)
-            if err:
-                raise SystemExit(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: CUresult {err}")
-        _COMPILED[key] = (ck, ptx.count("barrier.cluster.arrive"))
+        _register(key, _cluster_gemv_kernel.warmup(x, qw, qz, s, y, K, N, BLOCK_N=block_n, SPLIT_K=split,
+                                                   ASM=asm, CONSTRAINTS=cons, PACK=pack, grid=(1,), num_warps=1,
+                                                   num_stages=1), 7, split)
     return _COMPILED[key]
+
+
+def _register(key, ck, nargs: int, split: int) -> None:
+    """Keep a compiled kernel for _launch_cluster (with its count of cluster barriers), after checking
+    that its parameters are what the launcher passes: nargs arguments and Triton's two scratch pointers."""
+    ck._init_handles()
+    ptx = ck.asm["ptx"]
+    nparams = ptx.split(".entry", 1)[1].split(")", 1)[0].count(".param")
+    if nparams != nargs + 2:
+        raise SystemExit(f"unexpected kernel parameters ({nparams}); this launcher passes {nargs + 2}")
+    if getattr(ck.metadata, "global_scratch_size", 0):
+        raise SystemExit("the kernel wants global scratch; this launcher passes none")
+    if split > 8:
+        err = _cuda().cuFuncSetAttribute(ctypes.c_void_p(ck.function), _NON_PORTABLE_CLUSTER, 1)
+        if err:
+            raise SystemExit(f"cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED) failed: CUresult {err}")
+    _COMPILED[key] = (ck, ptx.count("barrier.cluster.arrive"))
+
+
+def _launch_cluster(ck, tensors: tuple, ints: tuple, grid: int, split: int) -> None:
+    """cuLaunchKernelEx of ck on the current stream: the tensors' pointers, the int32s, two null scratch
+    pointers; a 1-D grid of `grid` CTAs in clusters of `split`."""
+    vals = [ctypes.c_uint64(t.data_ptr()) for t in tensors] + [ctypes.c_int32(i) for i in ints]
+    vals += [ctypes.c_uint64(0), ctypes.c_uint64(0)]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    cfg, _attr = _launch_config(ck, grid, split)
+    err = _cuda().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(ck.function), params, None)
+    if err:
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
 
 
 def _launch_config(ck, grid: int, split: int) -> tuple:
@@ -263,20 +266,14 @@ def resident_ctas(key: tuple) -> int:
     return n.value * split
 
 
-def cluster_gemv(x, qw, qz, s, block_n: int = 32, split: int = 6, pack: int = 1):
+def cluster_gemv(x, qw, qz, s, block_n: int = 32, split: int = 6, pack: int = 4):
     """y [1, N] fp16 = x @ dequant(W), one cluster of `split` one-warp CTAs per column block."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     if N % block_n or (K // 128) < split:
         raise ValueError(f"need N % block_n == 0 and split <= K/128; got N={N}, block_n={block_n}, split={split}")
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ck, _ = _compiled(x, qw, qz, s, y, block_n, split, pack)
-    vals = [ctypes.c_uint64(t.data_ptr()) for t in (x, qw, qz, s, y)]
-    vals += [ctypes.c_int32(K), ctypes.c_int32(N), ctypes.c_uint64(0), ctypes.c_uint64(0)]
-    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
-    cfg, _attr = _launch_config(ck, (N // block_n) * split, split)
-    err = _cuda().cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(ck.function), params, None)
-    if err:
-        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
+    _launch_cluster(ck, (x, qw, qz, s, y), (K, N), (N // block_n) * split, split)
     return y.reshape(1, N)
 
 
