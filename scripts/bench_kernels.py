@@ -10,8 +10,9 @@ shapes, batch 1, >= 70% of the measured copy bandwidth and >= 3x bf16 GEMV. Each
 checked against torch before it is timed: a fast wrong kernel is not reported as fast.
 Timing: triton.testing.do_bench_cudagraph (CUDA graph replay, so launch overhead of the Python
 wrapper is not counted for either side), median of replays, and the median of 3 such timings; a GEMM
-row's kernels are timed in turn within each of the 3 rounds (bench_interleaved), since the H200 runs
-long GEMMs power-capped and its clocks drift. The GEMV
+row's kernels are timed in turn within each of the 3 rounds (bench_interleaved): on the H200 the same
+cuBLAS GEMMs ran 17-21 % faster in a few launches (scripts/gemm_baseline_kernels.py) than over these
+replays, so the speed a GEMM gets depends on what ran before it. The GEMV
 rows (ours and bf16) read their weights cold: the replays rotate over copies of the operands, together
 at least 3x the L2 cache, as a decode step does (it reads each layer's weights once per token). Replaying
 one copy would let part of the 34 MB of Int4 weights sit in the H200's 50 MB L2; that "hot" time is in
@@ -44,8 +45,8 @@ def bench(fn, repeats: int = 3) -> float:
 
 def bench_interleaved(fns: dict, repeats: int = 3) -> dict:
     """bench() of several callables, interleaved: each round times every one of them in turn, so drift in
-    the clocks (a power-capped GPU under long GEMMs) falls on all of them alike instead of on whichever
-    ran last; name -> the median over rounds (ms). Each round's times are printed to the log."""
+    the clocks (long GEMMs run slower than short bursts of them) falls on all of them alike instead of on
+    whichever ran last; name -> the median over rounds (ms). Each round's times are printed to the log."""
     times = {k: [] for k in fns}
     for r in range(repeats):
         for k, fn in fns.items():
