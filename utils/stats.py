@@ -83,10 +83,8 @@ def paired_difference_ci(a: Sequence, b: Sequence, level: float = 0.95) -> dict[
     difference; the interval is centred on the adjusted one."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    a, b = _paired(a, b)
-    n = len(a)
-    a_only = sum(x and not y for x, y in zip(a, b))
-    b_only = sum(y and not x for x, y in zip(a, b))
+    t = contingency(a, b)
+    n, a_only, b_only = sum(t.values()), t["a_only"], t["b_only"]
     n_adj, d_adj = n + 2, (a_only - b_only) / (n + 2)          # 1/2 added to each of the four cells
     se = math.sqrt(((a_only + b_only + 1) / n_adj - d_adj ** 2) / n_adj)
     z = NormalDist().inv_cdf(0.5 + level / 2)
