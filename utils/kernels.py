@@ -590,11 +590,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # slower). Nothing that left that grid shape beat them (rounds 14-19, scripts/gemv_probe.py and
 # scripts/gemv_persistent_probe.py; round 23, programs of 2-8 warps summing their split in registers,
 # scripts/gemv_wsplit_probe.py; round 24, a column block's programs as one thread-block cluster summing
-# over distributed shared memory, scripts/gemv_cluster_probe.py). The 64-column tile (64, 1, 4, 1) was a candidate until 2026-11-24:
-# the autotuner, which times one launch after an L2 flush, picked it at 18944 -> 3584 in both of the
-# last benchmarks (bench_round13.md, bench_review.md: 13.4 / 13.6 us cold), where 32 columns split 30
-# timed 13.2 us in every cold sweep (rounds 12, 13, 15, 19); at 3584 -> 18944 it was 13.0-13.1 us
-# against 12.5-12.6 us for 32 columns split 6.
+# over distributed shared memory, scripts/gemv_cluster_probe.py). The 64-column tile (64, 1, 4, 1) was
+# a candidate until 2026-11-24: the autotuner, which times one launch after an L2 flush, picked it at
+# 18944 -> 3584 in both of the last benchmarks (bench_round13.md, bench_review.md: 13.4 / 13.6 us cold),
+# where 32 columns split 30 timed 13.2 us in every cold sweep (rounds 12, 13, 15, 19); at 3584 -> 18944
+# it was 13.0-13.1 us against 12.5-12.6 us for 32 columns split 6.
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1)]
 _GEMV_LOCKS: dict = {}
