@@ -116,10 +116,12 @@ def gemv_rows(copy_gbps, sweep):
         xb = x.to(torch.bfloat16)
         t_bf16 = bench(lambda: torch.nn.functional.linear(xb, w_bf16))
         cands = [dict(), dict(dequant="f32")]                      # autotuned f16x2 (the default), exact f32
-        if sweep:
-            splits = sorted({kernels._gemv_split(K // 128, g) for g in (2, 3, 4)})
-            cands += [dict(block_n=b, num_warps=w, split_k=k, num_stages=st)
-                      for b, w in ((128, 1), (128, 2), (256, 2), (512, 4)) for k in splits for st in (1, 2)]
+        if sweep:   # one-warp tiles (the autotuner's picks since round 11): every split from 6 to 4 groups
+            ng = K // 128   # per program for 32 columns, where the one-wave fits are (README, round 15)
+            cands += [dict(block_n=32, num_warps=1, split_k=k, num_stages=1)
+                      for k in range(kernels._gemv_split(ng, 6), kernels._gemv_split(ng, 4) + 1)]
+            cands += [dict(block_n=b, num_warps=w, split_k=kernels._gemv_split(ng, g), num_stages=1)
+                      for b, w in ((64, 1), (128, 2)) for g in (3, 4, 5)]
         timed, tuned = [], None
         for cfg in cands:                                          # cold weights (see the docstring)
             check(kernels.int4_gemv(x, qw, qz, s, 128, **cfg), ref, torch.float16, K, f"Int4 GEMV {cfg}")

@@ -296,14 +296,6 @@ def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, num_st
     return y.reshape(1, N), ck
 
 
-def one_wave_capacity(regs: int, warps: int, sms: int, shared: int = 0) -> int:
-    """Programs of `warps` warps resident at once on sm_90: 64K registers per SM allocated 256 per warp,
-    at most 64 warps and 32 blocks per SM, and 228 KiB of shared memory (1 KiB of it reserved per block)."""
-    per_warp = -(-regs * 32 // 256) * 256
-    by_smem = 233472 // (shared + 1024) if shared else 32
-    return sms * min(32, (65536 // per_warp) // warps, 64 // warps, by_smem)
-
-
 def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, fixup=True, f16x2=False,
                num_warps=4, num_stages=1, group_size=128, fix_unroll=False):
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -543,7 +535,7 @@ def sweep_shipped(sweep, K, N, ops, wd, qbytes, t_bf, rows, device):
                     except Exception as exc:  # noqa: BLE001
                         print(f"  {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                         continue
-                    cap = one_wave_capacity(ck.n_regs, nw, sms, ck.metadata.shared)
+                    cap = kernels.resident_programs(ck.n_regs, nw, sms, ck.metadata.shared)
                     progs = triton.cdiv(N, bn) * sk
                     what = (f"bn={bn} w={nw} sk={sk} maxnreg={mr}" + (f" stages={st}" if st > 1 else "")
                             + f": regs {ck.n_regs} spills {ck.n_spills}, {progs} programs, one wave holds {cap}")

@@ -163,18 +163,25 @@ def test_time_kernel_on_cpu_is_a_positive_median():
     assert t > 0 and len(calls) == 2 + 3                      # warm-up runs, then the timed repeats
 
 
-def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape():
+def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(monkeypatch):
     """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
-    above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages)."""
+    above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages). The one-wave
+    candidate on an H200's 132 SMs: 3696 one-warp programs at 72 registers, so split 6 for 592 column
+    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112."""
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     configs = kernels._int4_gemv_tuned.configs
-    for K, want in ((3584, {6, 7, 14}), (18944, {30, 37, 50}), (256, {1})):
-        pruned = kernels._gemv_prune(configs, {"K": K}, GROUP=128)
+    x = torch.zeros(1)
+    for K, N, want in ((3584, 18944, {6, 7, 14}), (18944, 3584, {30, 33, 37, 50}), (256, 18944, {1, 2})):
+        pruned = kernels._gemv_prune(configs, {"K": K, "N": N, "x_ptr": x}, GROUP=128)
         splits = {c.kwargs["SPLIT_K"] for c in pruned}
         assert splits == want, (K, splits)
         assert {c.kwargs["NUM_STAGES"] for c in pruned} == {1, 2}
         keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"], c.kwargs["NUM_STAGES"]) for c in pruned]
         assert len(keys) == len(set(keys)) and all("GROUPS_PER_PROGRAM" not in c.kwargs for c in pruned)
     assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
+    assert kernels._gemv_one_wave_split(10_000, 8, 1, 132) == 64      # the same cap for the one-wave split
+    assert kernels._gemv_one_wave_split(148, 10_000, 1, 132) == 1     # more column blocks than fit: no split
+    assert kernels.resident_programs(72, 1, 132) == 3696 and kernels.resident_programs(64, 1, 132) == 4224
 
 
 def test_int4_gemv_gives_the_same_bits_for_every_num_stages():

@@ -14,6 +14,7 @@ scales fp16 [K/g, N]; w = (q - (z + 1)) * s.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -602,9 +603,30 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # 18944 -> 3584 in both of the last benchmarks (bench_round13.md, bench_review.md: 13.4 / 13.6 us cold),
 # where 32 columns split 30 timed 13.2 us in every cold sweep (rounds 12, 13, 15, 19); at 3584 -> 18944
 # it was 13.0-13.1 us against 12.5-12.6 us for 32 columns split 6.
+# Groups per program 0 means "as many programs per column block as fill one wave" (_gemv_one_wave_split):
+# 32 columns split 6 at 3584 -> 18944 (3552 programs of the 3696 that fit), split 33 at 18944 -> 3584
+# (3696), where the sweep of every split from 25 to 37 put 33 and 28 first, 12.5 us, and 30 (the 5-group
+# candidate) at 13.0 us (bench_sweep.log of 2026-11-24, H200).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
-                 (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1)]
+                 (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1), (32, 1, 0, 1)]
+# Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6 (rounds 15 and 25), which
+# size its one-wave split. Another compiler or GPU may give another count; the candidate is timed anyway.
+_GEMV_ONE_WAVE_REGS = 72
 _GEMV_LOCKS: dict = {}
+
+
+def resident_programs(regs: int, warps: int, sms: int, shared: int = 0) -> int:
+    """Programs of `warps` warps resident at once on sm_90 (one wave): 64K registers per SM allocated
+    256 per warp, at most 64 warps and 32 blocks per SM, and 228 KiB of shared memory (1 KiB of it
+    reserved per block)."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_smem = 233472 // (shared + 1024) if shared else 32
+    return sms * min(32, (65536 // per_warp) // warps, 64 // warps, by_smem)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: str) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _gemv_row_acc(block_n: int, num_warps: int) -> bool:
@@ -618,13 +640,24 @@ def _gemv_split(ng: int, groups_per_program: int) -> int:
     return triton.cdiv(ng, max(groups_per_program, triton.cdiv(ng, 64)))
 
 
+def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int) -> int:
+    """split-K whose programs (n_blocks column blocks x split) just fit in one wave of resident warps:
+    the fastest GEMV grids on the H200 were those (README, round 15). At most ng and 64, at least 1."""
+    return max(1, min(ng, 64, resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) // n_blocks))
+
+
 def _gemv_prune(configs, named_args, **kwargs):
     """Turn (block_n, warps, groups per program) into this shape's constant SPLIT_K, without duplicates."""
     ng = named_args["K"] // kwargs.get("GROUP", 128)
     seen, out = set(), []
     for c in configs:
-        key = (c.kwargs["BLOCK_N"], c.num_warps, _gemv_split(ng, c.kwargs["GROUPS_PER_PROGRAM"]),
-               c.kwargs["NUM_STAGES"])
+        b, w, gpp = c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["GROUPS_PER_PROGRAM"]
+        if gpp:
+            split = _gemv_split(ng, gpp)
+        else:
+            sms = _sm_count(str(named_args["x_ptr"].device))
+            split = _gemv_one_wave_split(ng, triton.cdiv(named_args["N"], b), w, sms)
+        key = (b, w, split, c.kwargs["NUM_STAGES"])
         if key not in seen:
             seen.add(key)
             out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3],
