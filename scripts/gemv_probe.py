@@ -287,12 +287,12 @@ def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, num_st
     kernel: n_regs, n_spills, metadata.shared)."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
-    work = torch.empty((K // 128, N), device=x.device, dtype=torch.float32)
+    work, locks = kernels._gemv_state(x.device, ("probe", N, block_n, split_k),
+                                      *kernels._gemv_state_words(block_n, split_k, N))
     ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
         NUM_STAGES=num_stages, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,
-        **({"maxnreg": maxnreg} if maxnreg else {}))
+        **kernels._gemv_fixup_args(block_n, num_warps, split_k, N), **({"maxnreg": maxnreg} if maxnreg else {}))
     return y.reshape(1, N), ck
 
 

@@ -94,10 +94,14 @@ def test_int4_gemv_matches_dequant_reference(split_k):
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
     strided = qw.t().contiguous().t()                       # same values, column-major storage
     assert torch.equal(kernels.int4_gemv(x, strided, qz, s, 128, block_n=32, split_k=split_k), y)
-    # the split-K fix-up sums the partials in a fixed order and leaves its counters at zero, so a
-    # second call gives the same bits (fp32 atomics would not promise that)
-    assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)
-    assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
+    # the split-K fix-up sums the partials in a fixed order, so later calls give the same bits (fp32
+    # atomics would not promise that); each call leaves its counters' arrivals at 0 and one call more
+    for _ in range(3):
+        assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)
+    if split_k > 1:
+        counters = kernels._gemv_state(x.device, ("fixed", 96, 32, split_k), 0, 0)[1]
+        assert counters.numel() == 3 and int((counters & 0xFFFF).abs().sum()) == 0
+        assert len(set((counters >> 16).tolist())) == 1 and int(counters[0] >> 16) >= 5
     with pytest.raises(ValueError, match="batch 1"):
         kernels.int4_gemv(torch.randn(2, 512).half().to(DEVICE), qw, qz, s, 128)
     with pytest.raises(ValueError, match="power of two"):    # tl.arange needs it: a clear error, not Triton's
@@ -178,6 +182,13 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
         assert {c.kwargs["NUM_STAGES"] for c in pruned} == {1, 2}
         keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"], c.kwargs["NUM_STAGES"]) for c in pruned]
         assert len(keys) == len(set(keys)) and all("GROUPS_PER_PROGRAM" not in c.kwargs for c in pruned)
+        # each candidate's fix-up state is its own slice: the slices follow one another, no overlap
+        ws, locks = 0, 0
+        for c in pruned:
+            assert (c.kwargs["WS_OFF"], c.kwargs["LOCK_OFF"]) == (ws, locks)
+            words, counters = kernels._gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N)
+            ws, locks = ws + words, locks + counters
+            assert c.kwargs["POLL_ROWS"] * c.kwargs["BLOCK_N"] <= 32 * 32 * c.num_warps or c.kwargs["POLL_ROWS"] == 1
     assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
     assert kernels._gemv_one_wave_split(10_000, 8, 1, 132) == 64      # the same cap for the one-wave split
     assert kernels._gemv_one_wave_split(148, 10_000, 1, 132) == 1     # more column blocks than fit: no split
@@ -236,9 +247,36 @@ def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
     x = torch.randn(1, 256).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
-    assert kernels._gemv_locks(x.device, 1).numel() >= 1032
-    assert int(kernels._gemv_locks(x.device, 1).abs().sum()) == 0
+    work, counters = kernels._gemv_state(x.device, ("fixed", 33024, 32, 2), 0, 0)
+    assert counters.numel() == 1032 and work.numel() == 2 * 33024
+    assert int((counters & 0xFFFF).abs().sum()) == 0
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
+
+
+def test_int4_gemv_tiles_that_take_turns_keep_their_own_fix_up_state():
+    """Each tile and split has its own workspace and counters: a slot is then at most one call stale,
+    which the fix-up's one parity bit needs. Alternating two splits of one shape, each stays right and
+    keeps its bits (on a GPU, where programs really overlap, a shared slot two calls stale would be
+    taken for this call's)."""
+    torch.manual_seed(4)
+    qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(torch.randn(1024, 64) * 0.02, 128))
+    x = torch.randn(1, 1024).half().to(DEVICE)
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    first = {k: kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=k) for k in (3, 4)}
+    for _ in range(3):
+        for k in (4, 3, 3):
+            y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=k)
+            assert torch.equal(y, first[k])
+            assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 1024)
+    # a new x: no output may be left over from the calls before (y is a fresh torch.empty each call)
+    x2 = torch.randn(1, 1024).half().to(DEVICE)
+    ref2 = x2.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    for k, warps in ((3, 1), (4, 4), (3, 4)):
+        y = kernels.int4_gemv(x2, qw, qz, s, 128, block_n=32, split_k=k, num_warps=warps)
+        assert metrics.relative_l2(y, ref2) <= metrics.matmul_error_bound(torch.float16, 1024)
+    w3 = kernels._gemv_state(x.device, ("fixed", 64, 32, 3), 0, 0)[0]
+    w4 = kernels._gemv_state(x.device, ("fixed", 64, 32, 4), 0, 0)[0]
+    assert w3.numel() == 2 * 3 * 32 and w4.numel() == 2 * 4 * 32 and w3.data_ptr() != w4.data_ptr()
 
 
 def test_stream_read_reads_every_word():

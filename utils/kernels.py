@@ -556,18 +556,70 @@ def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.
 
 
 @triton.jit
+def _gemv_ticket(lock_ptr, THREADS: tl.constexpr):
+    """This program's arrival ticket for its column block's counter: the counter's low 16 bits count
+    arrivals, the bits above count calls. Taken first, so that its round trip overlaps the group loop
+    (a scalar tl.atomic_add would hand its result to every thread at once, and wait for it there).
+    One relaxed atomic add by thread 0 of a tensor with one element per thread: a tile's own tensors may
+    be replicated over warps (32 columns on 4 warps), and then every copy would take a ticket."""
+    t = tl.arange(0, THREADS)
+    return tl.atomic_add(lock_ptr + t * 0, tl.where(t == 0, 1, 0), mask=t == 0, sem="relaxed"), t == 0
+
+
+@triton.jit
+def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mask, SPLIT_K: tl.constexpr,
+                         POLL_ROWS: tl.constexpr):
+    """The shipped split-K fix-up: deterministic, with no fence and one round trip at the end. Each
+    program publishes its partial with the lowest mantissa bit replaced by the call's parity (from the
+    ticket: bit 16 counts calls) and leaves. The program with the last ticket (the last to start, so
+    every other has started and none waits on it: no deadlock) reads the partials until every parity
+    is this call's, and sums them with that bit cleared, POLL_ROWS at a time in a fixed order (the same
+    bits every run). A partial loses its lowest bit, at most 1 ulp of fp32. The workspace and counters
+    must belong to this tile and split alone, so that a slot is never more than one call stale
+    (_gemv_state). Returns (y, last) as _splitk_fixup does."""
+    old = tl.sum(tl.where(lane0, ticket, 0), axis=0)                 # thread 0's ticket, to every thread
+    par = (old >> 16) & 1
+    # the column block's SPLIT_K x BLOCK_N partials lie together, so every address below is one base
+    # plus a constant (no 64-bit address per value: at 32 partials those took 56 more registers)
+    BLOCK: tl.constexpr = y.shape[0]
+    cols = tl.arange(0, BLOCK)
+    words = part_ptr.to(tl.pointer_type(tl.int32)) + pid_n * (SPLIT_K * BLOCK)
+    tl.atomic_xchg(words + pid_k * BLOCK + cols, (y.to(tl.int32, bitcast=True) & -2) | par, mask=mask, sem="relaxed")
+    last = (old & 0xFFFF) == SPLIT_K - 1
+    if last:
+        y = tl.zeros(y.shape, dtype=tl.float32)
+        for k0 in tl.static_range(0, SPLIT_K, POLL_ROWS):
+            rk = k0 + tl.arange(0, POLL_ROWS)
+            ptrs = words + rk[:, None] * BLOCK + cols[None, :]
+            kmask = (rk < SPLIT_K)[:, None] & mask[None, :]
+            v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
+            while tl.sum((((v & 1) != par) & kmask).to(tl.int32)) > 0:      # over the whole tile
+                v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
+            y += tl.sum(tl.where(kmask, (v & -2).to(tl.float32, bitcast=True), 0.0), axis=0)
+        tl.atomic_add(lock_ptr, (1 << 16) - SPLIT_K, sem="relaxed")     # arrivals to 0, one more call
+    return y, last
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr):
+                      F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
+                      WS_OFF: tl.constexpr, LOCK_OFF: tl.constexpr, POLL_ROWS: tl.constexpr,
+                      THREADS: tl.constexpr):
+    """WS_OFF / LOCK_OFF: where this tile's own workspace and counters start in part_ptr / lock_ptr;
+    THREADS: 32 x num_warps (_gemv_fixup_args)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
+    if SPLIT_K > 1:
+        ticket, lane0 = _gemv_ticket(lock_ptr + LOCK_OFF + pid_n, THREADS)
     y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
                      NUM_STAGES, ROW_ACC, N)
     last = True
     if SPLIT_K > 1:
-        y, last = _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+        y, last = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n, pid_n, pid_k,
+                                       nmask, SPLIT_K, POLL_ROWS)
     if last:
         if F16X2:
             # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
@@ -613,6 +665,7 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # size its one-wave split. Another compiler or GPU may give another count; the candidate is timed anyway.
 _GEMV_ONE_WAVE_REGS = 72
 _GEMV_LOCKS: dict = {}
+_GEMV_STATE: dict = {}
 
 
 def resident_programs(regs: int, warps: int, sms: int, shared: int = 0) -> int:
@@ -646,22 +699,42 @@ def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int) -> in
     return max(1, min(ng, 64, resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) // n_blocks))
 
 
+def _gemv_fixup_args(block_n: int, num_warps: int, split: int, N: int, ws_off: int = 0, lock_off: int = 0) -> dict:
+    """The fix-up's constants for a tile: where its own workspace (split x N words) and counters (one
+    per column block) start, and how many partials its last program reads per round trip (POLL_ROWS:
+    a power of two, about 32 per thread, so the reads fit in registers)."""
+    per_thread = max(1, 32 * 32 * num_warps // block_n)
+    poll = min(triton.next_power_of_2(split), triton.next_power_of_2(per_thread))
+    return {"WS_OFF": ws_off, "LOCK_OFF": lock_off, "POLL_ROWS": poll, "THREADS": 32 * num_warps}
+
+
+def _gemv_state_words(block_n: int, split: int, N: int) -> tuple[int, int]:
+    """(workspace words, counters) a tile's fix-up needs: none without a split."""
+    blocks = triton.cdiv(N, block_n)
+    return (blocks * split * block_n, blocks) if split > 1 else (0, 0)
+
+
 def _gemv_prune(configs, named_args, **kwargs):
-    """Turn (block_n, warps, groups per program) into this shape's constant SPLIT_K, without duplicates."""
-    ng = named_args["K"] // kwargs.get("GROUP", 128)
-    seen, out = set(), []
+    """Turn (block_n, warps, groups per program) into this shape's constant SPLIT_K, without duplicates,
+    and give each its own slice of the shape's fix-up state (_gemv_state), one after another."""
+    ng, N = named_args["K"] // kwargs.get("GROUP", 128), named_args["N"]
+    seen, out, ws_off, lock_off = set(), [], 0, 0
     for c in configs:
         b, w, gpp = c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["GROUPS_PER_PROGRAM"]
         if gpp:
             split = _gemv_split(ng, gpp)
         else:
             sms = _sm_count(str(named_args["x_ptr"].device))
-            split = _gemv_one_wave_split(ng, triton.cdiv(named_args["N"], b), w, sms)
+            split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
         key = (b, w, split, c.kwargs["NUM_STAGES"])
         if key not in seen:
             seen.add(key)
-            out.append(triton.Config({"BLOCK_N": key[0], "SPLIT_K": key[2], "NUM_STAGES": key[3],
-                                      "ROW_ACC": _gemv_row_acc(key[0], key[1])}, num_warps=key[1], num_stages=1))
+            out.append(triton.Config({"BLOCK_N": b, "SPLIT_K": split, "NUM_STAGES": key[3],
+                                      "ROW_ACC": _gemv_row_acc(b, w),
+                                      **_gemv_fixup_args(b, w, split, N, ws_off, lock_off)},
+                                     num_warps=w, num_stages=1))
+            words, counters = _gemv_state_words(b, split, N)
+            ws_off, lock_off = ws_off + words, lock_off + counters
     return out
 
 
@@ -676,6 +749,23 @@ _int4_gemv_tuned = triton.autotune(
     # lines) picked the same (bench_cold_reads.md), so Triton's own stays.
     key=["K", "N", "GROUP", "F16X2"],
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
+
+
+def _gemv_state(device, key: tuple, words: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tagged fix-up's workspace (int32, every word's parity bit 1: matched by no call before it is
+    written) and counters (zeros), made once per device and key: a shape's autotuned tiles, or one fixed
+    tile and split. Each tile then only ever sees its own slots, at most one call stale. Shared by every
+    stream of the device: int4_gemv calls must not run concurrently on two streams (a CUDA graph replays
+    on its own capture stream, one call after another, which is fine)."""
+    device = torch.device(device)
+    key = (str(device),) + key
+    if key not in _GEMV_STATE:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("int4_gemv: call it once before capturing a CUDA graph (its split-K "
+                               "state, and its autotuning, must be made outside the graph)")
+        _GEMV_STATE[key] = (torch.ones(max(words, 1), dtype=torch.int32, device=device),
+                            torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
+    return _GEMV_STATE[key]
 
 
 def _gemv_locks(device, n: int) -> torch.Tensor:
@@ -736,21 +826,22 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ng = K // group_size
     fixed = interpreted() or block_n is not None or split_k is not None
+    f16x2 = dequant == "f16x2"
     if fixed:
         block_n = block_n or (32 if interpreted() else 256)
-    # one fix-up counter per column block: as many as the narrowest tile makes
-    narrowest = block_n if fixed else min(c[0] for c in _GEMV_CONFIGS)
-    locks = _gemv_locks(x.device, triton.cdiv(N, narrowest))
-    work = torch.empty((ng, N), device=x.device, dtype=torch.float32)   # split-K partials (no fill needed)
-    args = (x, qweight, qzeros, scales, y, work, locks, K, N)
-    if fixed:
         split_k = max(1, min(split_k or 1, ng))
+        work, locks = _gemv_state(x.device, ("fixed", N, block_n, split_k), *_gemv_state_words(block_n, split_k, N))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
-            *args, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=dequant == "f16x2",
-            NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1)
-    else:
+            x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
+            F16X2=f16x2, NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps),
+            **_gemv_fixup_args(block_n, num_warps, split_k, N), num_warps=num_warps, num_stages=1)
+    else:   # one state for all of this shape's candidates, each its own slice of it (_gemv_prune)
+        tiles = _gemv_prune(_int4_gemv_tuned.configs, {"K": K, "N": N, "x_ptr": x}, GROUP=group_size)
+        sizes = [_gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N) for c in tiles]
+        work, locks = _gemv_state(x.device, ("tuned", K, N, group_size), sum(w for w, _ in sizes),
+                                  sum(c for _, c in sizes))
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
-        _int4_gemv_tuned[grid](*args, GROUP=group_size, F16X2=dequant == "f16x2")
+        _int4_gemv_tuned[grid](x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, F16X2=f16x2)
     return y.reshape(1, N)
 
 
