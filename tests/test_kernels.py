@@ -253,6 +253,32 @@ def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
 
 
+def test_int4_gemv_whose_fix_up_state_is_broken_still_answers_right():
+    """A counter left wrong (as two streams sharing the state could leave it) makes the first program
+    that arrives believe it is the last, and wait for the others' partials. On a GPU they arrive while it
+    waits. Run one program after another (the interpreter) they come only after it has finished: it
+    gives up after a bounded number of reads and computes its column block alone, exactly. Either way
+    the answer is right and nothing hangs; made anew, the state serves as before."""
+    torch.manual_seed(5)
+    qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(torch.randn(512, 32) * 0.02, 128))
+    x = torch.randn(1, 512).half().to(DEVICE)
+    ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    good = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
+    work, counters = kernels._gemv_state(x.device, ("fixed", 32, 32, 4), 0, 0)
+    counters += 3                                           # three arrivals that never happened
+    for _ in range(2):
+        y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
+        assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
+    work.fill_(1)                                           # the state made anew (as _gemv_state makes it)
+    counters.zero_()
+    x2 = torch.randn(1, 512).half().to(DEVICE)
+    ref2 = x2.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
+    y2 = kernels.int4_gemv(x2, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
+    assert metrics.relative_l2(y2, ref2) <= metrics.matmul_error_bound(torch.float16, 512)
+    assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1), good)
+    assert int((counters & 0xFFFF).abs().sum()) == 0
+
+
 def test_int4_gemv_tiles_that_take_turns_keep_their_own_fix_up_state():
     """Each tile and split has its own workspace and counters: a slot is then at most one call stale,
     which the fix-up's one parity bit needs. Alternating two splits of one shape, each stays right and

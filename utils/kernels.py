@@ -538,9 +538,12 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 
 @triton.jit
 def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """split-K fix-up in the same kernel: partials to a workspace; the last program of this column block
-    sums them in a fixed order (the same bits every run, unlike fp32 atomics). Returns (y, last): the
-    column block's sum, and whether this program is the one that holds it."""
+    """The split-K fix-up int4_gemv shipped until round 25, and the probes' (scripts/gemv_*_probe.py):
+    partials to a workspace, a fence, an arrival counter; the last program of this column block sums
+    them in a fixed order (the same bits every run, unlike fp32 atomics). Three round trips one after
+    another at the kernel's end: 1.7-2.0 us on the H200 (gemv_tail_probe.md, round 25), where
+    _splitk_fixup_tagged takes ~1.1. Returns (y, last): the column block's sum, and whether this
+    program is the one that holds it."""
     tl.store(part_ptr + pid_k * N + rn, y, mask=mask)
     tl.debug_barrier()                            # every thread's partial is written ...
     arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")          # ... before this release
@@ -568,7 +571,7 @@ def _gemv_ticket(lock_ptr, THREADS: tl.constexpr):
 
 @triton.jit
 def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mask, SPLIT_K: tl.constexpr,
-                         POLL_ROWS: tl.constexpr):
+                         POLL_ROWS: tl.constexpr, MAX_POLLS: tl.constexpr):
     """The shipped split-K fix-up: deterministic, with no fence and one round trip at the end. Each
     program publishes its partial with the lowest mantissa bit replaced by the call's parity (from the
     ticket: bit 16 counts calls) and leaves. The program with the last ticket (the last to start, so
@@ -576,7 +579,9 @@ def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mas
     is this call's, and sums them with that bit cleared, POLL_ROWS at a time in a fixed order (the same
     bits every run). A partial loses its lowest bit, at most 1 ulp of fp32. The workspace and counters
     must belong to this tile and split alone, so that a slot is never more than one call stale
-    (_gemv_state). Returns (y, last) as _splitk_fixup does."""
+    (_gemv_state). A partial still missing after MAX_POLLS reads (a misuse, such as two streams sharing
+    the state, never a healthy call: those took one or two) is not waited for forever: late counts such
+    words, and the kernel then computes the column block alone. Returns (y, last, late)."""
     old = tl.sum(tl.where(lane0, ticket, 0), axis=0)                 # thread 0's ticket, to every thread
     par = (old >> 16) & 1
     # the column block's SPLIT_K x BLOCK_N partials lie together, so every address below is one base
@@ -586,6 +591,7 @@ def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mas
     words = part_ptr.to(tl.pointer_type(tl.int32)) + pid_n * (SPLIT_K * BLOCK)
     tl.atomic_xchg(words + pid_k * BLOCK + cols, (y.to(tl.int32, bitcast=True) & -2) | par, mask=mask, sem="relaxed")
     last = (old & 0xFFFF) == SPLIT_K - 1
+    late = 0
     if last:
         y = tl.zeros(y.shape, dtype=tl.float32)
         for k0 in tl.static_range(0, SPLIT_K, POLL_ROWS):
@@ -593,11 +599,16 @@ def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mas
             ptrs = words + rk[:, None] * BLOCK + cols[None, :]
             kmask = (rk < SPLIT_K)[:, None] & mask[None, :]
             v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
-            while tl.sum((((v & 1) != par) & kmask).to(tl.int32)) > 0:      # over the whole tile
+            pending = tl.sum((((v & 1) != par) & kmask).to(tl.int32))     # over the whole tile
+            polls = 0
+            while (pending > 0) & (polls < MAX_POLLS):
                 v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
+                pending = tl.sum((((v & 1) != par) & kmask).to(tl.int32))
+                polls += 1
+            late += pending
             y += tl.sum(tl.where(kmask, (v & -2).to(tl.float32, bitcast=True), 0.0), axis=0)
         tl.atomic_add(lock_ptr, (1 << 16) - SPLIT_K, sem="relaxed")     # arrivals to 0, one more call
-    return y, last
+    return y, last, late
 
 
 @triton.jit
@@ -618,15 +629,17 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
                      NUM_STAGES, ROW_ACC, N)
     last = True
     if SPLIT_K > 1:
-        y, last = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n, pid_n, pid_k,
-                                       nmask, SPLIT_K, POLL_ROWS)
+        y, last, late = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n, pid_n,
+                                             pid_k, nmask, SPLIT_K, POLL_ROWS, 4096)
+    else:
+        late = 0
     if last:
         if F16X2:
             # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
             # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
-            bad = tl.sum(((y - y) != 0).to(tl.int32), axis=0)          # inf - inf and NaN - NaN are NaN
-            if bad > 0:
-                y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP, BLOCK_N)
+            late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)         # inf - inf and NaN - NaN are NaN
+        if late > 0:
+            y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP, BLOCK_N)
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
 
@@ -658,11 +671,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # Groups per program 0 means "as many programs per column block as fill one wave" (_gemv_one_wave_split):
 # 32 columns split 6 at 3584 -> 18944 (3552 programs of the 3696 that fit), split 33 at 18944 -> 3584
 # (3696), where the sweep of every split from 25 to 37 put 33 and 28 first, 12.5 us, and 30 (the 5-group
-# candidate) at 13.0 us (bench_sweep.log of 2026-11-24, H200).
+# candidate) at 13.0 us (bench_sweep.log of 2026-11-24, H200). With the tagged fix-up: 28 at 12.3 us, 32 at
+# 12.4, 33 at 12.5-12.6 (its partials read in two rounds), 30 at 13.0 (bench_tagged.log, bench.log).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1), (32, 1, 0, 1)]
-# Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6 (rounds 15 and 25), which
-# size its one-wave split. Another compiler or GPU may give another count; the candidate is timed anyway.
+# Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
+# 72 in round 15; with the tagged fix-up 64, and 72 when it reads its partials in two rounds (a split past
+# 32). Another compiler or GPU may give another count; the candidate is timed like the others anyway.
 _GEMV_ONE_WAVE_REGS = 72
 _GEMV_LOCKS: dict = {}
 _GEMV_STATE: dict = {}
@@ -769,7 +784,8 @@ def _gemv_state(device, key: tuple, words: int, counters: int) -> tuple[torch.Te
 
 
 def _gemv_locks(device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the split-K fix-up, made once per device; each call leaves them at 0.
+    """Zeroed int32 counters for _splitk_fixup (the probes' fix-up), made once per device; each call
+    leaves them at 0.
     Shared by every stream of the device: int4_gemv calls must not run concurrently on two streams
     (a CUDA graph replays on its own capture stream, one call after another, which is fine)."""
     device = torch.device(device)
@@ -799,8 +815,9 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
     None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
-    of codes are in flight per program; the interpreter ignores it). Call it once (per shape) before
-    capturing it in a CUDA graph: autotuning and the fix-up counters happen outside the graph.
+    of codes are in flight per program; the interpreter ignores it). Call it once (per shape and tile)
+    before capturing it in a CUDA graph: autotuning and the fix-up's state are made outside the graph.
+    Not on two streams at once: calls of one shape share that state (_gemv_state).
     """
     _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
