@@ -27,6 +27,12 @@ Every ending that computes a GEMV is checked against the fp32 reference, and run
 output bits that change between runs, before anything is timed.
 
     python scripts/gemv_tail_probe.py      # GPU; table $OUT/gemv_tail_probe.md
+
+Round 25 (gemv_tail_probe_round25.md, H200, the loop with its scales loaded a group ahead): store 10.6 /
+10.5 us (split 6 / 33), store+count 11.9 / 11.9, the fenced fix-up then shipped 12.3 / 12.5, tagged 11.4
+at split 6 (and 14.1 at split 33, where its [64, 32] read of the partials took 95 registers: a second
+wave). Tagged then shipped (utils.kernels._splitk_fixup_tagged, each tile its own state, the partials of
+a column block together), so since commit 72423e6 the "shipped" rows here are tagged too.
 """
 from __future__ import annotations
 
