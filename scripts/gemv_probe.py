@@ -288,7 +288,7 @@ def launch_fixed(x, qw, qz, s, block_n, num_warps, split_k, maxnreg=None, num_st
     K, N = qw.shape[0] * 8, qw.shape[1]
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     work, locks = kernels._gemv_state(x.device, ("probe", N, block_n, split_k),
-                                      *kernels._gemv_state_words(block_n, split_k, N))
+                                      lambda: kernels._gemv_state_words(block_n, split_k, N))
     ck = kernels._int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n, SPLIT_K=split_k, F16X2=True,
         NUM_STAGES=num_stages, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps), num_warps=num_warps, num_stages=1,

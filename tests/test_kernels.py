@@ -82,6 +82,11 @@ def test_gptq_pack_dequant_hand_case():
     assert (wd - w).abs().max().item() <= s.float().max().item() * (0.5 + 8 * 2**-11)
 
 
+def fixup_state(device, key: tuple):
+    """(workspace, counters) int4_gemv made for key, which its calls above must have made."""
+    return kernels._GEMV_STATE[(str(torch.device(device)),) + key]
+
+
 @pytest.mark.parametrize("split_k", [1, 3, 4])
 def test_int4_gemv_matches_dequant_reference(split_k):
     torch.manual_seed(0)
@@ -99,7 +104,7 @@ def test_int4_gemv_matches_dequant_reference(split_k):
     for _ in range(3):
         assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)
     if split_k > 1:
-        counters = kernels._gemv_state(x.device, ("fixed", 96, 32, split_k), 0, 0)[1]
+        counters = fixup_state(x.device, ("fixed", 96, 32, split_k))[1]
         assert counters.numel() == 3 and int((counters & 0xFFFF).abs().sum()) == 0
         assert len(set((counters >> 16).tolist())) == 1 and int(counters[0] >> 16) >= 5
     with pytest.raises(ValueError, match="batch 1"):
@@ -247,7 +252,7 @@ def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
     x = torch.randn(1, 256).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
-    work, counters = kernels._gemv_state(x.device, ("fixed", 33024, 32, 2), 0, 0)
+    work, counters = fixup_state(x.device, ("fixed", 33024, 32, 2))
     assert counters.numel() == 1032 and work.numel() == 2 * 33024
     assert int((counters & 0xFFFF).abs().sum()) == 0
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
@@ -264,7 +269,7 @@ def test_int4_gemv_whose_fix_up_state_is_broken_still_answers_right():
     x = torch.randn(1, 512).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     good = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
-    work, counters = kernels._gemv_state(x.device, ("fixed", 32, 32, 4), 0, 0)
+    work, counters = fixup_state(x.device, ("fixed", 32, 32, 4))
     counters += 3                                           # three arrivals that never happened
     for _ in range(2):
         y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
@@ -300,8 +305,8 @@ def test_int4_gemv_tiles_that_take_turns_keep_their_own_fix_up_state():
     for k, warps in ((3, 1), (4, 4), (3, 4)):
         y = kernels.int4_gemv(x2, qw, qz, s, 128, block_n=32, split_k=k, num_warps=warps)
         assert metrics.relative_l2(y, ref2) <= metrics.matmul_error_bound(torch.float16, 1024)
-    w3 = kernels._gemv_state(x.device, ("fixed", 64, 32, 3), 0, 0)[0]
-    w4 = kernels._gemv_state(x.device, ("fixed", 64, 32, 4), 0, 0)[0]
+    w3 = fixup_state(x.device, ("fixed", 64, 32, 3))[0]
+    w4 = fixup_state(x.device, ("fixed", 64, 32, 4))[0]
     assert w3.numel() == 2 * 3 * 32 and w4.numel() == 2 * 4 * 32 and w3.data_ptr() != w4.data_ptr()
 
 

@@ -580,8 +580,8 @@ def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mas
     bits every run). A partial loses its lowest bit, at most 1 ulp of fp32. The workspace and counters
     must belong to this tile and split alone, so that a slot is never more than one call stale
     (_gemv_state). A partial still missing after MAX_POLLS reads (a misuse, such as two streams sharing
-    the state, never a healthy call: those took one or two) is not waited for forever: late counts such
-    words, and the kernel then computes the column block alone. Returns (y, last, late)."""
+    the state) is not waited for forever: late counts such words, and the kernel then computes the
+    column block alone. Returns (y, last, late)."""
     old = tl.sum(tl.where(lane0, ticket, 0), axis=0)                 # thread 0's ticket, to every thread
     par = (old >> 16) & 1
     # the column block's SPLIT_K x BLOCK_N partials lie together, so every address below is one base
@@ -766,18 +766,20 @@ _int4_gemv_tuned = triton.autotune(
     prune_configs_by={"early_config_prune": _gemv_prune})(_int4_gemv_kernel)
 
 
-def _gemv_state(device, key: tuple, words: int, counters: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _gemv_state(device, key: tuple, sizes) -> tuple[torch.Tensor, torch.Tensor]:
     """The tagged fix-up's workspace (int32, every word's parity bit 1: matched by no call before it is
     written) and counters (zeros), made once per device and key: a shape's autotuned tiles, or one fixed
-    tile and split. Each tile then only ever sees its own slots, at most one call stale. Shared by every
-    stream of the device: int4_gemv calls must not run concurrently on two streams (a CUDA graph replays
-    on its own capture stream, one call after another, which is fine)."""
+    tile and split; sizes() gives (words, counters) when they are made. Each tile then only ever sees
+    its own slots, at most one call stale. Shared by every stream of the device: int4_gemv calls must
+    not run concurrently on two streams (a CUDA graph replays on its own capture stream, one call after
+    another, which is fine)."""
     device = torch.device(device)
     key = (str(device),) + key
     if key not in _GEMV_STATE:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("int4_gemv: call it once before capturing a CUDA graph (its split-K "
                                "state, and its autotuning, must be made outside the graph)")
+        words, counters = sizes()
         _GEMV_STATE[key] = (torch.ones(max(words, 1), dtype=torch.int32, device=device),
                             torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
     return _GEMV_STATE[key]
@@ -847,16 +849,18 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     if fixed:
         block_n = block_n or (32 if interpreted() else 256)
         split_k = max(1, min(split_k or 1, ng))
-        work, locks = _gemv_state(x.device, ("fixed", N, block_n, split_k), *_gemv_state_words(block_n, split_k, N))
+        work, locks = _gemv_state(x.device, ("fixed", N, block_n, split_k),
+                                  lambda: _gemv_state_words(block_n, split_k, N))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
             F16X2=f16x2, NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps),
             **_gemv_fixup_args(block_n, num_warps, split_k, N), num_warps=num_warps, num_stages=1)
     else:   # one state for all of this shape's candidates, each its own slice of it (_gemv_prune)
-        tiles = _gemv_prune(_int4_gemv_tuned.configs, {"K": K, "N": N, "x_ptr": x}, GROUP=group_size)
-        sizes = [_gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N) for c in tiles]
-        work, locks = _gemv_state(x.device, ("tuned", K, N, group_size), sum(w for w, _ in sizes),
-                                  sum(c for _, c in sizes))
+        def sizes():
+            tiles = _gemv_prune(_int4_gemv_tuned.configs, {"K": K, "N": N, "x_ptr": x}, GROUP=group_size)
+            each = [_gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N) for c in tiles]
+            return sum(w for w, _ in each), sum(c for _, c in each)
+        work, locks = _gemv_state(x.device, ("tuned", K, N, group_size), sizes)
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
         _int4_gemv_tuned[grid](x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, F16X2=f16x2)
     return y.reshape(1, N)
