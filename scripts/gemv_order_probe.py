@@ -1,9 +1,9 @@
-"""Int4 GEMV, round 25 (issue 8; a bench, not a test): does the shipped group loop wait for its scales
-before it asks for its codes? Compiled for sm_90 (Triton 3.6, the device's), the loop of
-utils.kernels._gemv_groups loads a group's zero points and scales first, in a layout of their own
-(one column per lane), and the tile's 4-column-per-lane layout gets them through shared memory: a
-barrier and a store of the scale (STS) that waits on the scale's load. The codes' loads come after that
-store in the SASS, so each group makes two DRAM round trips one after the other (scales, then codes)
+"""Int4 GEMV, round 25 (issue 8; a bench, not a test): did the shipped group loop wait for its scales
+before it asked for its codes? Compiled for sm_90 (Triton 3.6, the device's), the loop of
+utils.kernels._gemv_groups (until round 25) loaded a group's zero points and scales first, in a layout of their own
+(one column per lane), and the tile's 4-column-per-lane layout got them through shared memory: a
+barrier and a store of the scale (STS) that waited on the scale's load. The codes' loads came after that
+store in the SASS, so each group made two DRAM round trips one after the other (scales, then codes)
 instead of one. ORDER picks where the zero points and scales are loaded:
 
     0  before the codes (shipped until round 25): two round trips per group
