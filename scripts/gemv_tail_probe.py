@@ -22,6 +22,9 @@ shipped grid and ends it these ways:
                    bumps the generation. A partial loses its lowest mantissa bit (<= 1 ulp of fp32).
                    Needs its own workspace and counters per shape and tile (a slot may then only be stale
                    by one call), so the autotuner's shared ones would not do.
+    tagged, ticket last  the same, but the ticket is taken after publishing (the call's generation read
+                   by a plain load before the loop): the program that sums is the last to ARRIVE, so
+                   its partners' partials are, most likely, already there when it reads them.
 
 Every ending that computes a GEMV is checked against the fp32 reference, and run 20 times to count the
 output bits that change between runs, before anything is timed.
@@ -33,6 +36,13 @@ Round 25 (gemv_tail_probe_round25.md, H200, the loop with its scales loaded a gr
 at split 6 (and 14.1 at split 33, where its [64, 32] read of the partials took 95 registers: a second
 wave). Tagged then shipped (utils.kernels._splitk_fixup_tagged, each tile its own state, the partials of
 a column block together), so since commit 72423e6 the "shipped" rows here are tagged too.
+
+Then (gemv_tail_probe_ticketlast.md; splits 6 and 28 / 30 / 32, the partials now together here too): at
+18944 -> 3584 "tagged, ticket last" took 11.8 us at splits 28 and 32 (70 % of copy, 3.27x), "tagged"
+12.0 / 12.1, and the shipped kernel (tagged) 12.3 / 12.4; at 3584 -> 18944 11.6, 11.5 and 11.8. The
+ticket taken last, put into utils.kernels the same way, did not carry over: 12.4 / 12.2 us at splits 28 /
+32 in the benchmark's sweep (bench_ticketlast.md), so it was not kept. The shipped kernel trails this
+probe's own tagged ending by 0.3 us at every split; what costs those 0.3 us is not yet found.
 """
 from __future__ import annotations
 
@@ -51,10 +61,11 @@ import triton.language as tl  # noqa: E402
 from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
 
-MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3}
-# (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split and its neighbours (round 25: 28 and
-# 33, the fastest of the sweep at 18944 -> 3584, for 25 and 37)
-CASES = {(3584, 18944): (5, 6, 7), (18944, 3584): (28, 30, 33)}
+MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4}
+# (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split (round 25: at 18944 -> 3584 28 and
+# 32, the fastest of the sweep with the tagged fix-up, and 30; 33's [64, 32] read of the partials takes a
+# second wave in this probe's tagged modes)
+CASES = {(3584, 18944): (6,), (18944, 3584): (28, 30, 32)}
 
 
 @triton.jit
@@ -64,19 +75,29 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
+    lane0 = rn == pid_n * BLOCK_N
     if MODE == 3:                                # the ticket, before the loop: its round trip overlaps it
-        lane0 = rn == pid_n * BLOCK_N
         ticket = tl.atomic_add(lock_ptr + pid_n + rn * 0, tl.where(lane0, 1, 0), mask=lane0, sem="relaxed")
+    if MODE == 4:                                # only the call's generation, read (a plain load) before the loop
+        gen = tl.load(lock_ptr + pid_n + rn * 0, mask=lane0, other=0, volatile=True)
     y = kernels._gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // 128, SPLIT_K, 128, BLOCK_N,
                              True, 1, True, N)
-    if MODE == 3:
-        old = tl.sum(tl.where(lane0, ticket, 0), axis=0)      # lane 0's ticket, to every lane (shuffles)
-        par = (old >> 16) & 1
+    if MODE >= 3:
+        if MODE == 3:
+            old = tl.sum(tl.where(lane0, ticket, 0), axis=0)      # lane 0's ticket, to every lane (shuffles)
+            par = (old >> 16) & 1
+        else:
+            par = (tl.sum(tl.where(lane0, gen, 0), axis=0) >> 16) & 1
         tagged = (y.to(tl.int32, bitcast=True) & -2) | par
-        tl.atomic_xchg(part_ptr.to(tl.pointer_type(tl.int32)) + pid_k * N + rn, tagged, mask=nmask, sem="relaxed")
+        cols = tl.arange(0, BLOCK_N)             # a column block's partials together, as in utils.kernels
+        words = part_ptr.to(tl.pointer_type(tl.int32)) + pid_n * (SPLIT_K * BLOCK_N)
+        tl.atomic_xchg(words + pid_k * BLOCK_N + cols, tagged, mask=nmask, sem="relaxed")
+        if MODE == 4:                            # the ticket after publishing: the last to arrive sums
+            ticket = tl.atomic_add(lock_ptr + pid_n + rn * 0, tl.where(lane0, 1, 0), mask=lane0, sem="relaxed")
+            old = tl.sum(tl.where(lane0, ticket, 0), axis=0)
         if (old & 0xFFFF) == SPLIT_K - 1:
             rk = tl.arange(0, SPLIT_P2)
-            ptrs = part_ptr.to(tl.pointer_type(tl.int32)) + rk[:, None] * N + rn[None, :]
+            ptrs = words + rk[:, None] * BLOCK_N + cols[None, :]
             kmask = (rk < SPLIT_K)[:, None] & nmask[None, :]
             v = tl.load(ptrs, mask=kmask, other=0, volatile=True)
             while tl.sum(tl.sum((((v & 1) != par) & kmask).to(tl.int32), axis=1), axis=0) > 0:
@@ -98,10 +119,10 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
 _TAGGED: dict = {}
 
 
-def tagged_state(N: int, split_k: int, device):
-    """The tagged mode's own counters and workspace for one shape and split, made once: every slot starts
+def tagged_state(N: int, split_k: int, device, mode: str = "tagged"):
+    """A tagged mode's own counters and workspace for one shape and split, made once: every slot starts
     with parity 1, which generation 0 does not match."""
-    key = (N, split_k, str(device))
+    key = (N, split_k, str(device), mode)
     if key not in _TAGGED:
         _TAGGED[key] = (torch.zeros(triton.cdiv(N, 32), device=device, dtype=torch.int32),
                         torch.ones((split_k, N), device=device, dtype=torch.int32).view(torch.float32))
@@ -113,8 +134,8 @@ def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, 32)
     y = y32 if y32 is not None else torch.empty(N, device=x.device, dtype=torch.float32)
-    if mode == "tagged":
-        locks, part = tagged_state(N, split_k, x.device)
+    if mode.startswith("tagged"):
+        locks, part = tagged_state(N, split_k, x.device, mode)
     else:
         part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
         locks = kernels._gemv_locks(x.device, nb)
@@ -199,7 +220,7 @@ def main():
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
             zeroed = lambda *o, sk=sk: tail_probe(*o, sk, "red.add", y32=torch.zeros(N, device="cuda"))  # noqa: E731
             fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
-            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged")}   # the endings that compute
+            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged", "tagged, ticket last")}   # GEMVs
             gemvs["red.add (its fp32 y)"] = zeroed                                          # a GEMV
             for k, f in gemvs.items():
                 err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
