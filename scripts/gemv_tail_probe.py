@@ -25,6 +25,10 @@ shipped grid and ends it these ways:
     tagged, ticket last  the same, but the ticket is taken after publishing (the call's generation read
                    by a plain load before the loop): the program that sums is the last to ARRIVE, so
                    its partners' partials are, most likely, already there when it reads them.
+    shipped fix-up      utils.kernels' own ticket and _splitk_fixup_tagged, fp32 y, nothing after it
+    shipped fix-up + fallback  the same with the shipped kernel's ending: the overflow check and the
+                   exact fp32 redo of a column block (never taken here), before the store
+    shipped fix-up, 64 registers  "shipped fix-up" held to the 64 registers the fallback's kernel takes
 
 Every ending that computes a GEMV is checked against the fp32 reference, and run 20 times to count the
 output bits that change between runs, before anything is timed.
@@ -61,17 +65,19 @@ import triton.language as tl  # noqa: E402
 from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
 
-MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4}
+MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4, "shipped fix-up": 5,
+         "shipped fix-up + fallback": 6, "shipped fix-up, 64 registers": 5}
+MAXNREG = {"shipped fix-up, 64 registers": 64}      # compiled for sm_90 the fallback's kernel takes 64, the other 72
 # (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split (round 25: at 18944 -> 3584 28 and
 # 32, the fastest of the sweep with the tagged fix-up, and 30; 33's [64, 32] read of the partials takes a
 # second wave in this probe's tagged modes)
-CASES = {(3584, 18944): (6,), (18944, 3584): (28, 30, 32)}
+CASES = {(3584, 18944): (6,), (18944, 3584): (28, 32)}
 
 
 @triton.jit
 def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                        BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, MODE: tl.constexpr,
-                       SPLIT_P2: tl.constexpr):
+                       SPLIT_P2: tl.constexpr, POLL_ROWS: tl.constexpr):
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
@@ -80,9 +86,20 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
         ticket = tl.atomic_add(lock_ptr + pid_n + rn * 0, tl.where(lane0, 1, 0), mask=lane0, sem="relaxed")
     if MODE == 4:                                # only the call's generation, read (a plain load) before the loop
         gen = tl.load(lock_ptr + pid_n + rn * 0, mask=lane0, other=0, volatile=True)
+    if MODE >= 5:
+        ticket, t0 = kernels._gemv_ticket(lock_ptr + pid_n, 32)
     y = kernels._gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, K // 128, SPLIT_K, 128, BLOCK_N,
                              True, 1, True, N)
-    if MODE >= 3:
+    if MODE >= 5:
+        y, last, late = kernels._splitk_fixup_tagged(y, ticket, t0, part_ptr, lock_ptr + pid_n, pid_n, pid_k, nmask,
+                                                     SPLIT_K, POLL_ROWS, 4096)
+        if last:
+            if MODE == 6:
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    y = kernels._gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // 128, 128, BLOCK_N)
+            tl.store(y_ptr + rn, y, mask=nmask)
+    elif MODE >= 3:
         if MODE == 3:
             old = tl.sum(tl.where(lane0, ticket, 0), axis=0)      # lane 0's ticket, to every lane (shuffles)
             par = (old >> 16) & 1
@@ -134,14 +151,15 @@ def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, 32)
     y = y32 if y32 is not None else torch.empty(N, device=x.device, dtype=torch.float32)
-    if mode.startswith("tagged"):
+    if mode.startswith(("tagged", "shipped fix-up")):
         locks, part = tagged_state(N, split_k, x.device, mode)
     else:
         part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
         locks = kernels._gemv_locks(x.device, nb)
     _tail_probe_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=32, SPLIT_K=split_k,
                                       MODE=MODES[mode], SPLIT_P2=triton.next_power_of_2(split_k),
-                                      num_warps=1, num_stages=1)
+                                      POLL_ROWS=kernels._gemv_fixup_args(32, 1, split_k, N)["POLL_ROWS"],
+                                      num_warps=1, num_stages=1, **({"maxnreg": MAXNREG[mode]} if mode in MAXNREG else {}))
     return y
 
 
@@ -220,7 +238,9 @@ def main():
             fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
             zeroed = lambda *o, sk=sk: tail_probe(*o, sk, "red.add", y32=torch.zeros(N, device="cuda"))  # noqa: E731
             fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
-            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged", "tagged, ticket last")}   # GEMVs
+            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged", "tagged, ticket last",
+                                         "shipped fix-up", "shipped fix-up + fallback",
+                                         "shipped fix-up, 64 registers")}   # the GEMVs
             gemvs["red.add (its fp32 y)"] = zeroed                                          # a GEMV
             for k, f in gemvs.items():
                 err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
