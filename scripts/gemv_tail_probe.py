@@ -46,7 +46,14 @@ Then (gemv_tail_probe_ticketlast.md; splits 6 and 28 / 30 / 32, the partials now
 12.0 / 12.1, and the shipped kernel (tagged) 12.3 / 12.4; at 3584 -> 18944 11.6, 11.5 and 11.8. The
 ticket taken last, put into utils.kernels the same way, did not carry over: 12.4 / 12.2 us at splits 28 /
 32 in the benchmark's sweep (bench_ticketlast.md), so it was not kept. The shipped kernel trails this
-probe's own tagged ending by 0.3 us at every split; what costs those 0.3 us is not yet found.
+probe's own tagged ending by 0.3 us at every split.
+
+Where those 0.3 us are (gemv_tail_probe_regs.md): utils.kernels' own fix-up with nothing after it took
+11.4 / 11.8 us (split 6 / 28; 74 % / 71 % of copy), and with the shipped kernel's ending added (the
+overflow check and the exact redo of a column block, never taken here) 12.2 / 12.7. Compiled for sm_90 the
+first takes 72 registers, the second 64; held to 64 the first took 12.3 / 13.1 us. But the shipped
+kernel given 72 (maxnreg) was no faster (bench_maxnreg72.md: 12.1 / 12.5-12.9 us), so the register
+count is not the whole cause, and the change was not kept.
 """
 from __future__ import annotations
 

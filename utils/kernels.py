@@ -679,11 +679,6 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # 72 in round 15; with the tagged fix-up 64, and 72 when it reads its partials in two rounds (a split past
 # 32). Another compiler or GPU may give another count; the candidate is timed like the others anyway.
 _GEMV_ONE_WAVE_REGS = 72
-# ... and the registers that tile is given (maxnreg), on NVIDIA GPUs. Left to itself ptxas gives the
-# shipped kernel 64 (its fallbacks' code changes its choice), so 32 one-warp programs fit per SM instead
-# of 28, and the GEMV ran 0.4-1.3 us slower: the same kernel without its fallbacks took 11.4 / 11.8 us at
-# 72 registers and 12.3 / 13.1 us held to 64 (scripts/gemv_tail_probe.py, gemv_tail_probe_regs.md).
-_GEMV_ONE_WAVE_TILE = (32, 1)
 _GEMV_LOCKS: dict = {}
 _GEMV_STATE: dict = {}
 
@@ -711,13 +706,6 @@ def _gemv_row_acc(block_n: int, num_warps: int) -> bool:
 def _gemv_split(ng: int, groups_per_program: int) -> int:
     """split-K for a K of ng groups: programs of ~groups_per_program groups, at most 64 of them."""
     return triton.cdiv(ng, max(groups_per_program, triton.cdiv(ng, 64)))
-
-
-def _gemv_maxnreg(block_n: int, num_warps: int, device) -> int | None:
-    """maxnreg for a tile: _GEMV_ONE_WAVE_REGS for the one-warp 32-column tile on an NVIDIA GPU, where
-    it decides how many programs share an SM; None (the compiler's choice) otherwise."""
-    nvidia = torch.device(device).type == "cuda" and torch.version.hip is None and not interpreted()
-    return _GEMV_ONE_WAVE_REGS if nvidia and (block_n, num_warps) == _GEMV_ONE_WAVE_TILE else None
 
 
 def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int) -> int:
@@ -759,8 +747,7 @@ def _gemv_prune(configs, named_args, **kwargs):
             out.append(triton.Config({"BLOCK_N": b, "SPLIT_K": split, "NUM_STAGES": key[3],
                                       "ROW_ACC": _gemv_row_acc(b, w),
                                       **_gemv_fixup_args(b, w, split, N, ws_off, lock_off)},
-                                     num_warps=w, num_stages=1,
-                                     maxnreg=_gemv_maxnreg(b, w, named_args["x_ptr"].device)))
+                                     num_warps=w, num_stages=1))
             words, counters = _gemv_state_words(b, split, N)
             ws_off, lock_off = ws_off + words, lock_off + counters
     return out
@@ -867,8 +854,7 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
             F16X2=f16x2, NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps),
-            **_gemv_fixup_args(block_n, num_warps, split_k, N), num_warps=num_warps, num_stages=1,
-            **({"maxnreg": reg} if (reg := _gemv_maxnreg(block_n, num_warps, x.device)) else {}))
+            **_gemv_fixup_args(block_n, num_warps, split_k, N), num_warps=num_warps, num_stages=1)
     else:   # one state for all of this shape's candidates, each its own slice of it (_gemv_prune)
         def sizes():
             tiles = _gemv_prune(_int4_gemv_tuned.configs, {"K": K, "N": N, "x_ptr": x}, GROUP=group_size)
