@@ -92,7 +92,7 @@ def _scaled_dot(qa, qb, terms):
 
 @gluon.jit
 def _store_splitk(y, part_ptr, lock_ptr, y_ptr, pid_n, pid_k, cols, N, SPLIT_K: gl.constexpr):
-    """Store this CTA's sums y of columns cols, through utils.kernels' split-K fix-up when SPLIT_K > 1:
+    """Store this CTA's sums y of columns cols, through gemv_probe.splitk_fixup's fix-up (here in Gluon):
     partials to part_ptr, a counter, and the last CTA of the column block adds them in order."""
     if SPLIT_K > 1:
         gl.store(part_ptr + pid_k * N + cols, y)
@@ -252,7 +252,7 @@ def mma_gemv(x, qw, qz, s, num_warps=1, split_k=6, group_size=128):
     block_n = 32 * num_warps
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % block_n == 0 and group_size == 128
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, N // block_n)
+    locks = gp.fixup_locks(x.device, N // block_n)
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
     ck = _mma_gemv_kernel[(N // block_n, split_k)](x, qw, qz, s, y, work, locks, K, N, BLOCK_N=block_n,
                                                    SPLIT_K=split_k, L=_mma_layout(num_warps),
@@ -277,7 +277,7 @@ def ws_gemv(x, qw, qz, s, block_n=256, num_warps=8, split_k=3, stages=4, maxnreg
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % block_n == 0 and block_n == 32 * num_warps
     qa, qb = tp.row_pair_descriptors(qw, block_n, group_size, make=_nvmma_descriptor)
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, N // block_n)
+    locks = gp.fixup_locks(x.device, N // block_n)
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
     _ws_gemv_kernel[(N // block_n, split_k)](x, qa, qb, qz, s, y, work, locks, K, N, GROUP=group_size,
                                              BLOCK_N=block_n, SPLIT_K=split_k, STAGES=stages, num_warps=num_warps,

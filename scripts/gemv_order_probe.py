@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gemv_probe import write_table  # noqa: E402
+from gemv_probe import fixup_locks, splitk_fixup, write_table  # noqa: E402
 from gemv_tail_probe import keep_checked, probe_shapes, probe_start, shipped_gemv, timed_rows  # noqa: E402
 from utils import kernels  # noqa: E402
 
@@ -75,7 +75,7 @@ def _order_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     y = _order_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, 128, BLOCK_N, ORDER)
-    y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+    y, last = splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         bad = tl.sum(((y - y) != 0).to(tl.int32), axis=0)
         if bad > 0:
@@ -89,7 +89,7 @@ def order_gemv(x, qw, qz, s, block_n: int, split_k: int, order: int):
     nb = triton.cdiv(N, block_n)
     y = torch.empty(N, device=x.device, dtype=x.dtype)
     part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
-    locks = kernels._gemv_locks(x.device, nb)
+    locks = fixup_locks(x.device, nb)
     _order_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=block_n, SPLIT_K=split_k,
                                  ORDER=order, num_warps=1, num_stages=1)
     return y.reshape(1, N)

@@ -143,7 +143,7 @@ def persistent_gemv(x, qw, qz, s, block_n=256, num_warps=8, num_stages=4, progs_
     P = max(1, min(programs, total))
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     part = torch.empty((P, N), device=x.device, dtype=torch.float32)
-    locks = kernels._gemv_locks(x.device, nb)
+    locks = gp.fixup_locks(x.device, nb)
     qa = qb = None
     if tma:
         qa, qb = tp.row_pair_descriptors(qw, block_n, group_size)

@@ -65,6 +65,42 @@ mov.b32 $0, fs;
 """)
 
 
+_FIXUP_LOCKS: dict = {}
+
+
+@triton.jit
+def splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """The split-K fix-up utils.kernels.int4_gemv shipped until round 25, kept here as the probes' own:
+    partials to a workspace, a fence, an arrival counter; the last program of this column block sums
+    them in a fixed order (the same bits every run, unlike fp32 atomics). Three round trips one after
+    another at the kernel's end: 1.7-2.0 us on the H200 (gemv_tail_probe_round25.md), where
+    utils.kernels._splitk_fixup_tagged takes 0.8-1.2. Returns (y, last): the column block's sum, and
+    whether this program is the one that holds it."""
+    tl.store(part_ptr + pid_k * N + rn, y, mask=mask)
+    tl.debug_barrier()                            # every thread's partial is written ...
+    arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")          # ... before this release
+    last = arrived == SPLIT_K - 1
+    if last:
+        # SPLIT_K is a constant, so these loads are unrolled and in flight together: this sum is the
+        # kernel's tail, and a loop of dependent L2 round trips here cost 2-7 us on the H100
+        y = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in range(0, SPLIT_K):
+            y += tl.load(part_ptr + k * N + rn, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.atomic_xchg(lock_ptr + pid_n, 0)       # ready for the next call
+    return y, last
+
+
+def fixup_locks(device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters for splitk_fixup, made once per device; each call leaves them at 0. Shared
+    by every stream of the device: the probes' kernels must not run concurrently on two streams."""
+    device = torch.device(device)
+    key = str(device)
+    if key not in _FIXUP_LOCKS or _FIXUP_LOCKS[key].numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fixup_locks: make the counters (one call) before capturing a CUDA graph")
+        _FIXUP_LOCKS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return _FIXUP_LOCKS[key]
+
 @triton.jit
 def _load_group(qw_ptr, qz_ptr, s_ptr, g, rn, r8, N, NG, nmask, R: tl.constexpr):
     m = nmask & ((rn * 0 + g) < NG)
@@ -264,7 +300,7 @@ def _probe_int4_gemv_mma_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, l
     smask = nmask & (t == 0)                      # four lanes hold each column: one stores it
     last = True
     if SPLIT_K > 1:
-        acc, last = kernels._splitk_fixup(acc, part_ptr, lock_ptr, pid_n, pid_k, rn, smask, N, SPLIT_K, P)
+        acc, last = splitk_fixup(acc, part_ptr, lock_ptr, pid_n, pid_k, rn, smask, N, SPLIT_K, P)
     if last:
         tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=smask)
 
@@ -274,7 +310,7 @@ def probe_mma_gemv(x, qw, qz, s, block_n=64, split_k=7, num_warps=1, num_stages=
     K, N = qw.shape[0] * 8, qw.shape[1]
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and block_n >= 32 and group_size >= 32
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    locks = fixup_locks(x.device, triton.cdiv(N, block_n))
     work = torch.empty((K // group_size, N), device=x.device, dtype=torch.float32)
     _probe_int4_gemv_mma_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qw, qz, s, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
@@ -300,7 +336,7 @@ def probe_gemv(x, qw, qz, s, block_n=256, split_k=8, zfold=True, prefetch=True, 
                num_warps=4, num_stages=1, group_size=128, fix_unroll=False):
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, block_n)
-    locks = kernels._gemv_locks(x.device, nb)      # the shipped GEMV's counters: this fix-up also leaves them at 0
+    locks = fixup_locks(x.device, nb)      # the shipped GEMV's counters: this fix-up also leaves them at 0
     atomics = split_k > 1 and not fixup
     y = torch.zeros(N, device=x.device, dtype=torch.float32) if atomics else torch.empty(N, device=x.device, dtype=x.dtype)
     part = torch.empty((split_k, N) if fixup and split_k > 1 else (1,), device=x.device, dtype=torch.float32)

@@ -69,7 +69,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gemv_probe import gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
+from gemv_probe import fixup_locks, gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
 
 MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4, "shipped fix-up": 5,
@@ -140,33 +140,23 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                 tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
-_TAGGED: dict = {}
-
-
-def tagged_state(N: int, split_k: int, device, mode: str = "tagged"):
-    """A tagged mode's own counters and workspace for one shape and split, made once: every slot starts
-    with parity 1, which generation 0 does not match."""
-    key = (N, split_k, str(device), mode)
-    if key not in _TAGGED:
-        _TAGGED[key] = (torch.zeros(triton.cdiv(N, 32), device=device, dtype=torch.int32),
-                        torch.ones((split_k, N), device=device, dtype=torch.int32).view(torch.float32))
-    return _TAGGED[key]
-
-
 def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     """One launch at 32 columns, one warp; y32 (fp32 [N]) receives red.add's sums when given."""
     K, N = qw.shape[0] * 8, qw.shape[1]
     nb = triton.cdiv(N, 32)
     y = y32 if y32 is not None else torch.empty(N, device=x.device, dtype=torch.float32)
-    if mode.startswith(("tagged", "shipped fix-up")):
-        locks, part = tagged_state(N, split_k, x.device, mode)
+    if mode.startswith(("tagged", "shipped fix-up")):   # each mode its own state, made as int4_gemv makes it
+        work, locks = kernels._gemv_state(x.device, ("tail probe", mode, N, split_k),
+                                          lambda: kernels._gemv_state_words(32, split_k, N))
+        part = work.view(torch.float32)
     else:
         part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
-        locks = kernels._gemv_locks(x.device, nb)
+        locks = fixup_locks(x.device, nb)
     _tail_probe_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=32, SPLIT_K=split_k,
                                       MODE=MODES[mode], SPLIT_P2=triton.next_power_of_2(split_k),
                                       POLL_ROWS=kernels._gemv_fixup_args(32, 1, split_k, N)["POLL_ROWS"],
-                                      num_warps=1, num_stages=1, **({"maxnreg": MAXNREG[mode]} if mode in MAXNREG else {}))
+                                      num_warps=1, num_stages=1,
+                                      **({"maxnreg": MAXNREG[mode]} if mode in MAXNREG else {}))
     return y
 
 

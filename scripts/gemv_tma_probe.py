@@ -73,7 +73,7 @@ def _tma_gemv_kernel(x_ptr, qa_desc, qb_desc, qz_ptr, s_ptr, y_ptr, part_ptr, lo
         y = acc
     last = True
     if SPLIT_K > 1:
-        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+        y, last = gp.splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
@@ -100,7 +100,7 @@ def _pattern_kernel(qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N, GROU
     y = tl.xor_sum(acc, axis=0).to(tl.float32)
     last = True
     if SPLIT_K > 1:
-        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+        y, last = gp.splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
@@ -108,7 +108,7 @@ def _pattern_kernel(qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N, GROU
 def pattern(x, qw, qz, s, block_n=128, split_k=7, num_warps=2, evict="evict_first"):
     K, N = qw.shape[0] * 8, qw.shape[1]
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    locks = gp.fixup_locks(x.device, triton.cdiv(N, block_n))
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
     _pattern_kernel[(triton.cdiv(N, block_n), split_k)](qw, qz, s, y, work, locks, K, N, GROUP=128,
                                                         BLOCK_N=block_n, SPLIT_K=split_k, EVICT=evict,
@@ -130,7 +130,7 @@ def _tiled_gemv_kernel(x_ptr, qt_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                              BLOCK_N, F16X2, 1, ROW_ACC, BLOCK_N)
     last = True
     if SPLIT_K > 1:
-        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+        y, last = gp.splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
@@ -147,7 +147,7 @@ def tiled_gemv(x, qt, qz, s, block_n=64, split_k=7, num_warps=1):
     K, N = K8 * 8, nb * bn
     assert bn == block_n
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, nb)
+    locks = gp.fixup_locks(x.device, nb)
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
     _tiled_gemv_kernel[(nb, split_k)](x, qt, qz, s, y, work, locks, K, N, GROUP=128, BLOCK_N=block_n,
                                       SPLIT_K=split_k, ROW_ACC=kernels._gemv_row_acc(block_n, num_warps),
@@ -179,7 +179,7 @@ def tma_gemv(x, qw, qz, s, block_n=128, split_k=7, num_warps=1, num_stages=3, ro
     assert x.dtype == torch.float16 and x.data_ptr() % 16 == 0 and N % 4 == 0 and K % 16 == 0
     qa, qb = row_pair_descriptors(qw, block_n, group_size)
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
-    locks = kernels._gemv_locks(x.device, triton.cdiv(N, block_n))
+    locks = gp.fixup_locks(x.device, triton.cdiv(N, block_n))
     work = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
     _tma_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
         x, qa, qb, qz, s, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,

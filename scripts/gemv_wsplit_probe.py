@@ -5,7 +5,7 @@ shipped tile is one warp: the six (or thirty) programs that share a column block
 global memory. Here a program of W warps takes GT groups per step (a [GT, 8, BLOCK_N] tile of packed
 row pairs, spread over its warps) and its split's partial sums meet in the program's own registers and
 shared memory (tl.sum at the end): no workspace, no atomics, the same bits every run. SPLIT_K > 1 adds
-the shipped cross-program fix-up (utils.kernels._splitk_fixup) on top, for shapes with too few columns
+the cross-program fix-up then shipped (gemv_probe.splitk_fixup) on top, for shapes with too few columns
 to fill the GPU (18944 -> 3584: 112 column blocks of 32). The zero points are loaded through PTX: a
 tl.load of them gets a layout of its own, and the tile then waits on a shared-memory conversion (and a
 barrier) every step. One row per shape (ZMODE 2, timing only) drops the zero points' loads altogether.
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from gemv_probe import write_table  # noqa: E402
+from gemv_probe import fixup_locks, splitk_fixup, write_table  # noqa: E402
 from gemv_tail_probe import keep_checked, probe_shapes, probe_start, shipped_gemv, timed_rows  # noqa: E402
 from utils import kernels  # noqa: E402
 
@@ -93,7 +93,7 @@ def _wsplit_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N
     y = tl.sum(tl.sum(acc, axis=1), axis=0)
     last = True
     if SPLIT_K > 1:
-        y, last = kernels._splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
+        y, last = splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, nmask, N, SPLIT_K, BLOCK_N)
     if last:
         tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
@@ -104,7 +104,7 @@ def wsplit_gemv(x, qw, qz, s, block_n: int, num_warps: int, gt: int, split_k: in
     nb = triton.cdiv(N, block_n)
     y = torch.empty(N, device=x.device, dtype=x.dtype)
     part = torch.empty((split_k, N), device=x.device, dtype=torch.float32)
-    locks = kernels._gemv_locks(x.device, nb)
+    locks = fixup_locks(x.device, nb)
     _wsplit_kernel[(nb, split_k)](x, qw, qz, s, y, part, locks, K, N, BLOCK_N=block_n, GT=gt, SPLIT_K=split_k,
                                   ZMODE=zmode, num_warps=num_warps, num_stages=1)
     return y.reshape(1, N)

@@ -537,28 +537,6 @@ def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.conste
 
 
 @triton.jit
-def _splitk_fixup(y, part_ptr, lock_ptr, pid_n, pid_k, rn, mask, N, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """The split-K fix-up int4_gemv shipped until round 25, and the probes' (scripts/gemv_*_probe.py):
-    partials to a workspace, a fence, an arrival counter; the last program of this column block sums
-    them in a fixed order (the same bits every run, unlike fp32 atomics). Three round trips one after
-    another at the kernel's end: 1.7-2.0 us on the H200 (gemv_tail_probe.md, round 25), where
-    _splitk_fixup_tagged takes 0.8-1.2. Returns (y, last): the column block's sum, and whether this
-    program is the one that holds it."""
-    tl.store(part_ptr + pid_k * N + rn, y, mask=mask)
-    tl.debug_barrier()                            # every thread's partial is written ...
-    arrived = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel")          # ... before this release
-    last = arrived == SPLIT_K - 1
-    if last:
-        # SPLIT_K is a constant, so these loads are unrolled and in flight together: this sum is the
-        # kernel's tail, and a loop of dependent L2 round trips here cost 2-7 us on the H100
-        y = tl.zeros((BLOCK,), dtype=tl.float32)
-        for k in range(0, SPLIT_K):
-            y += tl.load(part_ptr + k * N + rn, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(lock_ptr + pid_n, 0)       # ready for the next call
-    return y, last
-
-
-@triton.jit
 def _gemv_ticket(lock_ptr, THREADS: tl.constexpr):
     """This program's arrival ticket for its column block's counter: the counter's low 16 bits count
     arrivals, the bits above count calls. Taken first, so that its round trip overlaps the group loop
@@ -679,7 +657,6 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # 72 in round 15; with the tagged fix-up 64, and 72 when it reads its partials in two rounds (a split past
 # 32). Another compiler or GPU may give another count; the candidate is timed like the others anyway.
 _GEMV_ONE_WAVE_REGS = 72
-_GEMV_LOCKS: dict = {}
 _GEMV_STATE: dict = {}
 
 
@@ -783,21 +760,6 @@ def _gemv_state(device, key: tuple, sizes) -> tuple[torch.Tensor, torch.Tensor]:
         _GEMV_STATE[key] = (torch.ones(max(words, 1), dtype=torch.int32, device=device),
                             torch.zeros(max(counters, 1), dtype=torch.int32, device=device))
     return _GEMV_STATE[key]
-
-
-def _gemv_locks(device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for _splitk_fixup (the probes' fix-up), made once per device; each call
-    leaves them at 0.
-    Shared by every stream of the device: int4_gemv calls must not run concurrently on two streams
-    (a CUDA graph replays on its own capture stream, one call after another, which is fine)."""
-    device = torch.device(device)
-    key = str(device)
-    if key not in _GEMV_LOCKS or _GEMV_LOCKS[key].numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("int4_gemv: call it once before capturing a CUDA graph (its split-K "
-                               "counters, and its autotuning, must be made outside the graph)")
-        _GEMV_LOCKS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return _GEMV_LOCKS[key]
 
 
 def int4_gemv_dequant(x: torch.Tensor) -> str:
