@@ -28,7 +28,15 @@ shipped grid and ends it these ways:
     shipped fix-up      utils.kernels' own ticket and _splitk_fixup_tagged, fp32 y, nothing after it
     shipped fix-up + fallback  the same with the shipped kernel's ending: the overflow check and the
                    exact fp32 redo of a column block (never taken here), before the store
-    shipped fix-up, 64 registers  "shipped fix-up" held to the 64 registers the fallback's kernel takes
+    shipped fix-up, 64 registers  "shipped fix-up" held to the 64 registers the fallback's kernel took
+                   until round 26
+    shipped fix-up + unrolled fallback  the ending with the exact redo as it was until round 26 (8 weights
+                   of a packed row unrolled per step); "+ fallback" has utils.kernels' own (one weight per step)
+    shipped fix-up + flat fallback  the redo as one loop over every weight, each dequantized alone
+    shipped fix-up + overflow check only  the check, and an overflow only counted: not a safe GEMV (timing)
+    shipped fix-up + fallback, a call  the flat redo as a function of its own (a PTX call, not inlined)
+    shipped fix-up + fallback, opaque columns  the flat redo with its column indices passed through an
+                   inline-asm mov, so the compiler cannot share their address arithmetic with the group loop
 
 Every ending that computes a GEMV is checked against the fp32 reference, and run 20 times to count the
 output bits that change between runs, before anything is timed.
@@ -54,6 +62,20 @@ overflow check and the exact redo of a column block, never taken here) 12.2 / 12
 first takes 72 registers, the second 64; held to 64 the first took 12.3 / 13.1 us. But the shipped
 kernel given 72 (maxnreg) was no faster (bench_maxnreg72.md: 12.1 / 12.5-12.9 us), so the register
 count is not the whole cause, and the change was not kept.
+
+Round 26 (gemv_tail_probe_round26*.md, two runs): maxnreg is only a ceiling. ptxas given the shipped
+kernel's PTX with --maxrregcount=72 still chose 64, so bench_maxnreg72 never ran a 72-register kernel.
+What chose 64 was the redo's unrolled inner loop. Compiled for sm_90, a redo without it (one weight per
+step) takes 72 at splits 6, 28 and 32, and the group loop's PTX is the same as with no ending at all.
+Measured (split 6 / 28 / 32):
+- unrolled redo: 12.1 / 12.6-12.7 / 12.5 us; one weight per step: 11.5-11.6 / 12.1 / 12.1 us.
+- the shipped kernel with it: 11.6-11.7 / 12.2 / 12.2 us.
+- the fix-up with nothing after it: 11.3 / 11.8 / 11.8-11.9 us.
+- the overflow check alone: 11.5 / 11.8 / 12.0 us.
+- the flat redo: 11.6 / 12.1 / 14.0 us (80 registers at split 32, a second wave).
+- the redo as a call: 11.7 / 12.1 / 12.2 us; with opaque columns: 11.5 / 12.0 / 12.1 us.
+One weight per step now ships (utils.kernels._gemv_exact). The redo still costs 0.2-0.3 us: ptxas
+schedules the same group loop a little differently when it is there (the SASS differs, the PTX does not).
 """
 from __future__ import annotations
 
@@ -73,12 +95,56 @@ from gemv_probe import fixup_locks, gpu_copy_gbps, shape_case, time_ops, write_t
 from utils import kernels, metrics  # noqa: E402
 
 MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4, "shipped fix-up": 5,
-         "shipped fix-up + fallback": 6, "shipped fix-up, 64 registers": 5}
+         "shipped fix-up + fallback": 6, "shipped fix-up, 64 registers": 5, "shipped fix-up + unrolled fallback": 7,
+         "shipped fix-up + flat fallback": 8, "shipped fix-up + overflow check only": 9,
+         "shipped fix-up + fallback, a call": 10,
+         "shipped fix-up + fallback, opaque columns": 11}
 MAXNREG = {"shipped fix-up, 64 registers": 64}      # compiled for sm_90 the fallback's kernel takes 64, the other 72
 # (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split (round 25: at 18944 -> 3584 28 and
 # 32, the fastest of the sweep with the tagged fix-up, and 30; 33's [64, 32] read of the partials takes a
 # second wave in this probe's tagged modes)
 CASES = {(3584, 18944): (6,), (18944, 3584): (28, 32)}
+
+
+@triton.jit
+def _gemv_exact_unrolled(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """utils.kernels._gemv_exact until round 26: one packed row per step, its 8 weights unrolled."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for g in range(0, ng):
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
+        part = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for r in range(0, GROUP // 8):
+            q = tl.load(qw_ptr + (g * (GROUP // 8) + r) * N + rn, mask=nmask, other=0)
+            for j in tl.static_range(8):
+                xk = tl.load(x_ptr + g * GROUP + r * 8 + j).to(tl.float32)
+                part += (((q >> (4 * j)) & 0xF).to(tl.float32) - z) * xk
+        acc += part * tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _gemv_exact_flat(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K, GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One loop over every weight of the column, each dequantized on its own ((q - z) * s, as
+    dequant_gptq_int4 does) before its product with x."""
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k in range(0, K):
+        g = k // GROUP
+        q = tl.load(qw_ptr + (k // 8) * N + rn, mask=nmask, other=0)
+        zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
+        w = (((q >> (4 * (k % 8))) & 0xF) - (((zp >> ((rn % 8) * 4)) & 0xF) + 1)).to(tl.float32) * s
+        acc += w * tl.load(x_ptr + k).to(tl.float32)
+    return acc
+
+
+@triton.jit(noinline=True)
+def _gemv_exact_call(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, pid_n, N, K, BLOCK_N: tl.constexpr):
+    """_gemv_exact_flat as a function of its own (a PTX call, not inlined: scalars in, y stored here)."""
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    y = _gemv_exact_flat(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K, 128, BLOCK_N)
+    tl.store(y_ptr + rn, y, mask=nmask)
 
 
 @triton.jit
@@ -105,7 +171,32 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                 late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
                 if late > 0:
                     y = kernels._gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // 128, 128, BLOCK_N)
-            tl.store(y_ptr + rn, y, mask=nmask)
+            if MODE == 8:
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    y = _gemv_exact_flat(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K, 128, BLOCK_N)
+            if MODE == 10:
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    _gemv_exact_call(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, pid_n, N, K, BLOCK_N)
+                else:
+                    tl.store(y_ptr + rn, y, mask=nmask)
+            if MODE == 11:
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    rn_o = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [rn], dtype=tl.int32, is_pure=False,
+                                                     pack=1)
+                    y = _gemv_exact_flat(x_ptr, qw_ptr, qz_ptr, s_ptr, rn_o, rn_o < N, N, K, 128, BLOCK_N)
+            if MODE == 9:      # not a safe GEMV: an overflow is only counted (timing only)
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    tl.atomic_add(lock_ptr + pid_n, 1 << 24, sem="relaxed")
+            if MODE == 7:
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)
+                if late > 0:
+                    y = _gemv_exact_unrolled(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // 128, 128, BLOCK_N)
+            if MODE != 10:
+                tl.store(y_ptr + rn, y, mask=nmask)
     elif MODE >= 3:
         if MODE == 3:
             old = tl.sum(tl.where(lane0, ticket, 0), axis=0)      # lane 0's ticket, to every lane (shuffles)
@@ -237,7 +328,9 @@ def main():
             fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
             gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged", "tagged, ticket last",
                                          "shipped fix-up", "shipped fix-up + fallback",
-                                         "shipped fix-up, 64 registers")}   # the GEMVs
+                                         "shipped fix-up, 64 registers", "shipped fix-up + unrolled fallback",
+                                         "shipped fix-up + flat fallback", "shipped fix-up + fallback, a call",
+                                         "shipped fix-up + fallback, opaque columns")}   # the GEMVs
             gemvs["red.add (its fp32 y)"] = zeroed                                          # a GEMV
             for k, f in gemvs.items():
                 err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)

@@ -521,17 +521,20 @@ def _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, first, last, step,
 
 @triton.jit
 def _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Slow, exact and light on registers: one packed row at a time (the f16x2 path's fallback)."""
+    """Slow, exact and light on registers: one weight at a time (the f16x2 path's fallback, which only
+    runs when that path overflowed or its split-K state was misused). Nothing is unrolled: unrolled
+    (8 weights of a packed row per step, until round 26), this code, never run, made ptxas compile the
+    whole kernel in 64 registers instead of 72 (the 32-column tile, sm_90) and its group loop slower:
+    12.5-12.7 against 12.1 us at 18944 -> 3584 on the H200 (scripts/gemv_tail_probe.py)."""
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for g in range(0, ng):
         zp = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
         z = (((zp >> ((rn % 8) * 4)) & 0xF) + 1).to(tl.float32)
         part = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for r in range(0, GROUP // 8):
-            q = tl.load(qw_ptr + (g * (GROUP // 8) + r) * N + rn, mask=nmask, other=0)
-            for j in tl.static_range(8):
-                xk = tl.load(x_ptr + g * GROUP + r * 8 + j).to(tl.float32)
-                part += (((q >> (4 * j)) & 0xF).to(tl.float32) - z) * xk
+        for k in range(0, GROUP):
+            q = tl.load(qw_ptr + (g * (GROUP // 8) + k // 8) * N + rn, mask=nmask, other=0)
+            xk = tl.load(x_ptr + g * GROUP + k).to(tl.float32)
+            part += (((q >> (4 * (k % 8))) & 0xF).to(tl.float32) - z) * xk
         acc += part * tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0).to(tl.float32)
     return acc
 
@@ -650,12 +653,14 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # 32 columns split 6 at 3584 -> 18944 (3552 programs of the 3696 that fit), split 33 at 18944 -> 3584
 # (3696), where the sweep of every split from 25 to 37 put 33 and 28 first, 12.5 us, and 30 (the 5-group
 # candidate) at 13.0 us (bench_sweep.log of 2026-11-24, H200). With the tagged fix-up: 28 at 12.3 us, 32 at
-# 12.4, 33 at 12.5-12.6 (its partials read in two rounds), 30 at 13.0 (bench_tagged.log, bench.log).
+# 12.4, 33 at 12.5-12.6 (its partials read in two rounds), 30 at 13.0 (bench_tagged.log, bench_81ea082.log).
+# With round 26's lighter exact redo: 28 at 12.1, 32 at 12.2, 30 at 12.3, 33 at 12.5 (bench.log).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1), (32, 1, 0, 1)]
 # Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
-# 72 in round 15; with the tagged fix-up 64, and 72 when it reads its partials in two rounds (a split past
-# 32). Another compiler or GPU may give another count; the candidate is timed like the others anyway.
+# 72 in round 15; with round 25's tagged fix-up and its unrolled exact redo 64 at splits 6 and 28 (72 at 32),
+# and 72 at splits 6, 28, 30, 32 and 33 since round 26 (see _gemv_exact). Another compiler or GPU may give another
+# count; the candidate is timed like the others anyway.
 _GEMV_ONE_WAVE_REGS = 72
 _GEMV_STATE: dict = {}
 
