@@ -63,10 +63,10 @@ first takes 72 registers, the second 64; held to 64 the first took 12.3 / 13.1 u
 kernel given 72 (maxnreg) was no faster (bench_maxnreg72.md: 12.1 / 12.5-12.9 us), so the register
 count is not the whole cause, and the change was not kept.
 
-Round 26 (gemv_tail_probe_round26*.md, two runs): maxnreg is only a ceiling. ptxas given the shipped
-kernel's PTX with --maxrregcount=72 still chose 64, so bench_maxnreg72 never ran a 72-register kernel.
-What chose 64 was the redo's unrolled inner loop. Compiled for sm_90, a redo without it (one weight per
-step) takes 72 at splits 6, 28 and 32, and the group loop's PTX is the same as with no ending at all.
+Round 26 (gemv_tail_probe_round26*.md, two runs): what made the kernel 64 registers was the redo's
+unrolled inner loop. Compiled for sm_90, a redo without it (one weight per step) takes 72 at splits 6, 28
+and 32, and the group loop's PTX is the same as with no ending at all. (maxnreg=72 had given the unrolled
+kernel 72 registers too, and it was no faster: the unrolled code changed more than the count.)
 Measured (split 6 / 28 / 32):
 - unrolled redo: 12.1 / 12.6-12.7 / 12.5 us; one weight per step: 11.5-11.6 / 12.1 / 12.1 us.
 - the shipped kernel with it: 11.6-11.7 / 12.2 / 12.2 us.
