@@ -118,7 +118,8 @@ def gemv_rows(copy_gbps, sweep):
         cands = [dict(), dict(dequant="f32")]                      # autotuned f16x2 (the default), exact f32
         if sweep:   # one-warp tiles (the autotuner's picks since round 11): every split from 6 to 4 groups
             ng = K // 128   # per program for 32 columns, where the one-wave fits are (README, round 15)
-            cands += [dict(block_n=32, num_warps=1, split_k=k, num_stages=1)
+            cands += [dict(block_n=32, num_warps=1, split_k=k, num_stages=1, fixup=f)
+                      for f in kernels.GEMV_FIXUPS
                       for k in range(kernels._gemv_split(ng, 6), kernels._gemv_split(ng, 4) + 1)]
             cands += [dict(block_n=b, num_warps=w, split_k=kernels._gemv_split(ng, g), num_stages=1)
                       for b, w in ((64, 1), (128, 2)) for g in (3, 4, 5)]

@@ -90,6 +90,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
 
 from gemv_probe import fixup_locks, gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
@@ -97,13 +98,21 @@ from utils import kernels, metrics  # noqa: E402
 MODES = {"store": 0, "store+count": 1, "red.add": 2, "tagged": 3, "tagged, ticket last": 4, "shipped fix-up": 5,
          "shipped fix-up + fallback": 6, "shipped fix-up, 64 registers": 5, "shipped fix-up + unrolled fallback": 7,
          "shipped fix-up + flat fallback": 8, "shipped fix-up + overflow check only": 9,
-         "shipped fix-up + fallback, a call": 10,
+         "shipped fix-up + fallback, a call": 10, "shipped fix-up + fallback, 80 registers": 6,
+         "shipped fix-up, 80 registers": 5, "store, sum kernel": 0, "store, sum kernel, PDL": -1,
+         "store, sum kernel, PDL untriggered": 0, "store, sum kernel, PDL, 64 columns": -1,
+         "store, sum kernel, PDL, 128 columns": -1,
          "shipped fix-up + fallback, opaque columns": 11}
-MAXNREG = {"shipped fix-up, 64 registers": 64}      # compiled for sm_90 the fallback's kernel takes 64, the other 72
+# compiled for sm_90 the unrolled fallback's kernel took 64, the others 72; 80 fits 25 one-warp programs per SM
+# (3300 on 132 SMs: one wave at split 28, 3136 programs, not at 32)
+MAXNREG = {"shipped fix-up, 64 registers": 64, "shipped fix-up + fallback, 80 registers": 80,
+           "shipped fix-up, 80 registers": 80}
 # (K, N): the shipped grid's 32-column one-warp tile at the autotuner's split (round 25: at 18944 -> 3584 28 and
 # 32, the fastest of the sweep with the tagged fix-up, and 30; 33's [64, 32] read of the partials takes a
 # second wave in this probe's tagged modes)
 CASES = {(3584, 18944): (6,), (18944, 3584): (28, 32)}
+if "--splits" in sys.argv:          # e.g. --splits "5,6;30,32": the splits of each case, in CASES' order
+    CASES = {k: tuple(int(v) for v in part.split(",")) for k, part in zip(CASES, sys.argv[sys.argv.index("--splits") + 1].split(";"))}
 
 
 @triton.jit
@@ -155,6 +164,8 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     lane0 = rn == pid_n * BLOCK_N
+    if MODE == -1:                               # the sum kernel, launched with PDL, may launch now
+        gdc_launch_dependents()
     if MODE == 3:                                # the ticket, before the loop: its round trip overlaps it
         ticket = tl.atomic_add(lock_ptr + pid_n + rn * 0, tl.where(lane0, 1, 0), mask=lane0, sem="relaxed")
     if MODE == 4:                                # only the call's generation, read (a plain load) before the loop
@@ -231,6 +242,25 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                 tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
+@triton.jit
+def _sum_partials_kernel(part_ptr, y_ptr, x_ptr, qw_ptr, qz_ptr, s_ptr, K, N, SPLIT_K: tl.constexpr,
+                         SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The split-K sum as a kernel of its own: the partials [SPLIT_K, N] summed in a fixed order (the same
+    bits every run), an fp16 overflow redone exactly here (the redo's code is not in the GEMV kernel).
+    With PDL it is launched before the GEMV ends and waits for it here (griddepcontrol.wait)."""
+    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    nmask = rn < N
+    if PDL:
+        gdc_wait()
+    rk = tl.arange(0, SPLIT_P2)
+    v = tl.load(part_ptr + rk[:, None] * N + rn[None, :], mask=(rk < SPLIT_K)[:, None] & nmask[None, :], other=0.0,
+                cache_modifier=".cg")        # from L2: this SM's L1 may hold the last call's partials
+    y = tl.sum(v, axis=0)
+    if tl.sum(((y - y) != 0).to(tl.int32), axis=0) > 0:
+        y = kernels._gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // 128, 128, BLOCK)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
 def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     """One launch at 32 columns, one warp; y32 (fp32 [N]) receives red.add's sums when given."""
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -248,6 +278,14 @@ def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
                                       POLL_ROWS=kernels._gemv_fixup_args(32, 1, split_k, N)["POLL_ROWS"],
                                       num_warps=1, num_stages=1,
                                       **({"maxnreg": MAXNREG[mode]} if mode in MAXNREG else {}))
+    if mode.startswith("store, sum kernel"):
+        y16 = torch.empty(N, device=x.device, dtype=torch.float16)
+        cols = 128 if mode.endswith("128 columns") else 64 if mode.endswith("64 columns") else 32
+        _sum_partials_kernel[(triton.cdiv(N, cols),)](part, y16, x, qw, qz, s, K, N, SPLIT_K=split_k,
+                                                      SPLIT_P2=triton.next_power_of_2(split_k), BLOCK=cols,
+                                                      PDL="PDL" in mode, num_warps=cols // 32, num_stages=1,
+                                                      launch_pdl="PDL" in mode)
+        return y16
     return y
 
 
@@ -316,6 +354,11 @@ def timed_rows(fns: dict, ops, K: int, N: int, qbytes: int, t_bf: float, label: 
 
 
 def main():
+    """python3 scripts/gemv_tail_probe.py [--only "NAME;NAME..."]: --only times the shipped kernel and the modes
+    whose names are given (each checked first if it is a GEMV), not every mode."""
+    only = sys.argv[sys.argv.index("--only") + 1].split(";") if "--only" in sys.argv else None
+    if only and not set(only) <= set(MODES):
+        raise SystemExit(f"--only takes mode names from: {', '.join(MODES)}")
     out, copy = probe_start("gemv_tail_probe", "its modes use PTX atomics and the f16x2 dequant")
     rows = []
     for (K, N), splits in CASES.items():
@@ -323,19 +366,16 @@ def main():
         x = ops[0]
         for sk in splits:
             fns = {"shipped": shipped_gemv(sk)[1]}
-            fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in MODES})   # red.add: y not zeroed
+            fns.update({m: (lambda *o, sk=sk, m=m: tail_probe(*o, sk, m)) for m in (only or MODES)})   # red.add: y not zeroed
             zeroed = lambda *o, sk=sk: tail_probe(*o, sk, "red.add", y32=torch.zeros(N, device="cuda"))  # noqa: E731
-            fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
-            gemvs = {k: fns[k] for k in ("shipped", "red.add, drop-in", "tagged", "tagged, ticket last",
-                                         "shipped fix-up", "shipped fix-up + fallback",
-                                         "shipped fix-up, 64 registers", "shipped fix-up + unrolled fallback",
-                                         "shipped fix-up + flat fallback", "shipped fix-up + fallback, a call",
-                                         "shipped fix-up + fallback, opaque columns")}   # the GEMVs
-            gemvs["red.add (its fp32 y)"] = zeroed                                          # a GEMV
-            for k, f in gemvs.items():
-                err, changed = checked_repeats(lambda f=f: f(*ops), x.float() @ wd, K)
-                print(f"{K}->{N} split {sk} {k}: relative L2 {err:.2e}; of {N} outputs, {changed:.0f} change bits "
-                      "from the first run's, per run (20 runs)", flush=True)
+            if not only:
+                fns["red.add, drop-in"] = lambda *o, f=zeroed: f(*o).to(torch.float16)
+            not_gemvs = ("store", "store+count", "red.add", "shipped fix-up + overflow check only")
+            gemvs = {k: f for k, f in fns.items() if k not in not_gemvs}          # the GEMVs
+            if not only:
+                gemvs["red.add (its fp32 y)"] = zeroed                                      # a GEMV
+            kept = keep_checked(gemvs, ops, x.float() @ wd, K, N, lambda k, sk=sk: f" (split {sk} {k})")
+            fns = {k: f for k, f in fns.items() if k in kept or k not in gemvs}    # a wrong GEMV is not timed
             rows += timed_rows(fns, ops, K, N, qbytes, t_bf, f"split {sk}: ")
     print("\n".join(write_table(rows, copy, out / "gemv_tail_probe.md")))
 

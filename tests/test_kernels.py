@@ -107,6 +107,16 @@ def test_int4_gemv_matches_dequant_reference(split_k):
         counters = fixup_state(x.device, ("fixed", 96, 32, split_k))[1]
         assert counters.numel() == 3 and int((counters & 0xFFFF).abs().sum()) == 0
         assert len(set((counters >> 16).tolist())) == 1 and int(counters[0] >> 16) >= 5
+    # the other fix-up (a sum kernel, with PDL on sm_90+): right, the same bits every call, and within
+    # an fp16 rounding of the in-kernel one (both sum in a fixed order, not the same order)
+    by_kernel = [kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k, fixup="sum kernel")
+                 for _ in range(3)]
+    assert all(torch.equal(b, by_kernel[0]) for b in by_kernel)
+    assert metrics.relative_l2(by_kernel[0], ref) <= metrics.matmul_error_bound(torch.float16, 512)
+    assert ((by_kernel[0].float() - y.float()).abs() <= y.float().abs() * 2**-10 + 2**-24).all()
+    assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)   # states apart
+    with pytest.raises(ValueError, match="fixup must be"):
+        kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k, fixup="atomics")
     with pytest.raises(ValueError, match="batch 1"):
         kernels.int4_gemv(torch.randn(2, 512).half().to(DEVICE), qw, qz, s, 128)
     with pytest.raises(ValueError, match="power of two"):    # tl.arange needs it: a clear error, not Triton's
@@ -127,17 +137,19 @@ def test_int4_gemv_matches_dequant_reference(split_k):
         assert metrics.relative_l2(exact, ref) <= metrics.matmul_error_bound(torch.float16, 512)
 
 
-def test_int4_gemv_stays_right_where_fp16_products_overflow():
+@pytest.mark.parametrize("fixup", kernels.GEMV_FIXUPS)
+def test_int4_gemv_stays_right_where_fp16_products_overflow(fixup):
     """|x| ~ 4000 with small weights: y fits fp16, but 8 x 8 x |x| does not, so the f16x2 dequant
-    (the GPU default) overflows and must redo the block in fp32. On the CPU the f32 dequant runs and
-    this checks the reference path; scripts/device_bench.sh runs it on the GPU."""
+    (the GPU default) overflows and must redo the block in fp32, in the GEMV kernel or in the sum
+    kernel. On the CPU the f32 dequant runs and this checks the reference path;
+    scripts/device_bench.sh runs it on the GPU."""
     torch.manual_seed(1)
     w = torch.randn(256, 64) * 1e-3
     qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(w, 128))
     x = (torch.randn(1, 256) * 4000).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     assert (8 * 8 * x.float().abs().max()) > 65504         # the premise: |q - z| <= 8 here, fp16 overflows
-    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2, fixup=fixup)
     assert torch.isfinite(y).all()
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
 
@@ -176,16 +188,24 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
     above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages). The one-wave
     candidate on an H200's 132 SMs: 3696 one-warp programs at 72 registers, so split 6 for 592 column
-    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112."""
+    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112. With PDL (sm_90+) a split of
+    16 or more sums in the sum kernel, whose one-warp programs (one per 32 columns) must fit beside the
+    GEMV's: the one-wave split for 112 column blocks is then 32."""
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     configs = kernels._int4_gemv_tuned.configs
     x = torch.zeros(1)
-    for K, N, want in ((3584, 18944, {6, 7, 14}), (18944, 3584, {30, 33, 37, 50}), (256, 18944, {1, 2})):
+    cases = (((3584, 18944, False), {6, 7, 14}, set()), ((18944, 3584, False), {30, 33, 37, 50}, set()),
+             ((256, 18944, False), {1, 2}, set()), ((3584, 18944, True), {6, 7, 14}, set()),
+             ((18944, 3584, True), {30, 32, 37, 50}, {30, 32, 37, 50}))
+    for (K, N, pdl), want, by_sum_kernel in cases:
+        monkeypatch.setattr(kernels, "gemv_pdl", lambda x, pdl=pdl: pdl)
         pruned = kernels._gemv_prune(configs, {"K": K, "N": N, "x_ptr": x}, GROUP=128)
         splits = {c.kwargs["SPLIT_K"] for c in pruned}
-        assert splits == want, (K, splits)
+        assert splits == want, (K, pdl, splits)
+        assert {c.kwargs["SPLIT_K"] for c in pruned if c.kwargs["SUM_KERNEL"]} == by_sum_kernel, (K, pdl)
         assert {c.kwargs["NUM_STAGES"] for c in pruned} == {1, 2}
-        keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"], c.kwargs["NUM_STAGES"]) for c in pruned]
+        keys = [(c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["SPLIT_K"], c.kwargs["NUM_STAGES"], c.kwargs["SUM_KERNEL"])
+                for c in pruned]
         assert len(keys) == len(set(keys)) and all("GROUPS_PER_PROGRAM" not in c.kwargs for c in pruned)
         # each candidate's fix-up state is its own slice: the slices follow one another, no overlap
         ws, locks = 0, 0
@@ -197,6 +217,7 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
     assert kernels._gemv_one_wave_split(10_000, 8, 1, 132) == 64      # the same cap for the one-wave split
     assert kernels._gemv_one_wave_split(148, 10_000, 1, 132) == 1     # more column blocks than fit: no split
+    assert kernels._gemv_one_wave_split(148, 112, 1, 132, reserve=112) == 32          # room left for 112 more
     assert kernels.resident_programs(72, 1, 132) == 3696 and kernels.resident_programs(64, 1, 132) == 4224
 
 

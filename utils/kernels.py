@@ -23,6 +23,11 @@ import triton.language as tl
 
 from . import gptq
 
+try:    # griddepcontrol (sm_90+): programmatic dependent launch of the GEMV's sum kernel
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:     # a Triton without them: the sum kernel is then launched plainly (PDL off)
+    gdc_launch_dependents = gdc_wait = None
+
 INPUT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 
 
@@ -597,31 +602,61 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
                       F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
                       WS_OFF: tl.constexpr, LOCK_OFF: tl.constexpr, POLL_ROWS: tl.constexpr,
-                      THREADS: tl.constexpr):
+                      THREADS: tl.constexpr, SUM_KERNEL: tl.constexpr, PDL: tl.constexpr):
     """WS_OFF / LOCK_OFF: where this tile's own workspace and counters start in part_ptr / lock_ptr;
-    THREADS: 32 x num_warps (_gemv_fixup_args)."""
+    THREADS: 32 x num_warps (_gemv_fixup_args). SUM_KERNEL (with SPLIT_K > 1): no fix-up here, the
+    partials go to the workspace as [SPLIT_K, N] and _gemv_sum_kernel adds them up; PDL lets it launch
+    now, to wait on this grid resident beside it instead of after a launch gap."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
-    if SPLIT_K > 1:
-        ticket, lane0 = _gemv_ticket(lock_ptr + LOCK_OFF + pid_n, THREADS)
-    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                     NUM_STAGES, ROW_ACC, N)
-    last = True
-    if SPLIT_K > 1:
-        y, last, late = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n, pid_n,
-                                             pid_k, nmask, SPLIT_K, POLL_ROWS, 4096)
+    if SUM_KERNEL:                                  # (only with SPLIT_K > 1: _gemv_prune, int4_gemv)
+        if PDL:
+            gdc_launch_dependents()
+        y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
+                         NUM_STAGES, ROW_ACC, N)
+        tl.store((part_ptr + WS_OFF).to(tl.pointer_type(tl.float32)) + pid_k * N + rn, y, mask=nmask)
     else:
-        late = 0
-    if last:
-        if F16X2:
-            # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
-            # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
-            late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)         # inf - inf and NaN - NaN are NaN
-        if late > 0:
-            y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP, BLOCK_N)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+        if SPLIT_K > 1:
+            ticket, lane0 = _gemv_ticket(lock_ptr + LOCK_OFF + pid_n, THREADS)
+        y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
+                         NUM_STAGES, ROW_ACC, N)
+        last = True
+        if SPLIT_K > 1:
+            y, last, late = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n,
+                                                 pid_n, pid_k, nmask, SPLIT_K, POLL_ROWS, 4096)
+        else:
+            late = 0
+        if last:
+            if F16X2:
+                # fp16 sums overflow when |x| passes ~500 (8 x 16 x |x| > 65504 at worst): the sum is then
+                # inf or NaN. Never hand that back: redo this column block with the exact fp32 dequant.
+                late += tl.sum(((y - y) != 0).to(tl.int32), axis=0)         # inf - inf and NaN - NaN are NaN
+            if late > 0:
+                y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, ng, GROUP, BLOCK_N)
+            tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _gemv_sum_kernel(part_ptr, y_ptr, x_ptr, qw_ptr, qz_ptr, s_ptr, K, N, GROUP: tl.constexpr,
+                     SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """The other split-K fix-up: a kernel of its own sums the GEMV kernel's partials [SPLIT_K, N] in a
+    fixed order (the same bits every run; no counters, no tags) and redoes a column block exactly where
+    fp16 overflowed. Launched with PDL it is resident before the GEMV ends and waits for it here
+    (griddepcontrol.wait: the GEMV grid complete, its stores visible). The redo's code lives here, not
+    in the GEMV kernel, where even never run it slowed the group loop (_gemv_exact)."""
+    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    nmask = rn < N
+    if PDL:
+        gdc_wait()
+    rk = tl.arange(0, SPLIT_P2)
+    v = tl.load(part_ptr + rk[:, None] * N + rn[None, :], mask=(rk < SPLIT_K)[:, None] & nmask[None, :],
+                other=0.0, cache_modifier=".cg")        # from L2: an L1 may hold the last call's partials
+    y = tl.sum(v, axis=0)
+    if tl.sum(((y - y) != 0).to(tl.int32), axis=0) > 0:  # inf or NaN: fp16 overflowed (or x holds inf / NaN)
+        y = _gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // GROUP, GROUP, BLOCK)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
 
 
 # (block_n, num_warps, groups per program, NUM_STAGES): block_n = 128 x num_warps gives each thread all
@@ -657,11 +692,19 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 # With round 26's lighter exact redo: 28 at 12.1, 32 at 12.2, 30 at 12.3, 33 at 12.5 (bench.log).
 _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2), (128, 1, 2, 2), (128, 2, 4, 1),
                  (128, 2, 4, 2), (512, 4, 4, 1), (256, 2, 2, 1), (128, 1, 2, 1), (32, 1, 5, 1), (32, 1, 0, 1)]
+# Which fix-up a candidate gets follows from its split (round 26, bench.md, H200, 32 columns, one warp):
+# the sum kernel launched with PDL took 11.5-11.6 us at splits 32-33 of 18944 -> 3584, 11.8 at 28, where
+# the in-kernel fix-up took 12.2-12.5; at 3584 -> 18944 (split 5-7) it lost, 11.8 against 11.6 at split 6.
+# So: the sum kernel from 16 partials per column (splits 8-24 are unmeasured), with PDL only (without
+# it, 12.2 us at split 28, no better). The autotuner is not asked to choose between the two: timed one
+# launch at a time (do_bench) it picked the in-kernel split 30 (12.4 us) over the sum kernel's 33 (11.5).
+_GEMV_SUM_MIN_SPLIT = 16
 # Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
 # 72 in round 15; with round 25's tagged fix-up and its unrolled exact redo 64 at splits 6 and 28 (72 at 32),
 # and 72 at splits 6, 28, 30, 32 and 33 since round 26 (see _gemv_exact). Another compiler or GPU may give another
 # count; the candidate is timed like the others anyway.
 _GEMV_ONE_WAVE_REGS = 72
+_GEMV_SUM_BLOCK = 32      # columns per program of _gemv_sum_kernel (one warp): 32 beat 64 and 128 (round 26)
 _GEMV_STATE: dict = {}
 
 
@@ -690,10 +733,11 @@ def _gemv_split(ng: int, groups_per_program: int) -> int:
     return triton.cdiv(ng, max(groups_per_program, triton.cdiv(ng, 64)))
 
 
-def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int) -> int:
-    """split-K whose programs (n_blocks column blocks x split) just fit in one wave of resident warps:
-    the fastest GEMV grids on the H200 were those (README, round 15). At most ng and 64, at least 1."""
-    return max(1, min(ng, 64, resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) // n_blocks))
+def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int, reserve: int = 0) -> int:
+    """split-K whose programs (n_blocks column blocks x split) just fit in one wave of resident warps,
+    with `reserve` programs' room left (the sum kernel's): the fastest GEMV grids on the H200 were those
+    (README, round 15). At most ng and 64, at least 1."""
+    return max(1, min(ng, 64, (resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) - reserve) // n_blocks))
 
 
 def _gemv_fixup_args(block_n: int, num_warps: int, split: int, N: int, ws_off: int = 0, lock_off: int = 0) -> dict:
@@ -720,14 +764,17 @@ def _gemv_prune(configs, named_args, **kwargs):
         b, w, gpp = c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["GROUPS_PER_PROGRAM"]
         if gpp:
             split = _gemv_split(ng, gpp)
-        else:
+        else:   # one wave; with the sum kernel, one wave with its programs beside the GEMV's
             sms = _sm_count(str(named_args["x_ptr"].device))
             split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
-        key = (b, w, split, c.kwargs["NUM_STAGES"])
+            if _gemv_sum_kernel_for(split, named_args["x_ptr"]):
+                split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
+        sum_kernel = _gemv_sum_kernel_for(split, named_args["x_ptr"])
+        key = (b, w, split, c.kwargs["NUM_STAGES"], sum_kernel)
         if key not in seen:
             seen.add(key)
             out.append(triton.Config({"BLOCK_N": b, "SPLIT_K": split, "NUM_STAGES": key[3],
-                                      "ROW_ACC": _gemv_row_acc(b, w),
+                                      "ROW_ACC": _gemv_row_acc(b, w), "SUM_KERNEL": sum_kernel,
                                       **_gemv_fixup_args(b, w, split, N, ws_off, lock_off)},
                                      num_warps=w, num_stages=1))
             words, counters = _gemv_state_words(b, split, N)
@@ -735,9 +782,31 @@ def _gemv_prune(configs, named_args, **kwargs):
     return out
 
 
+def _gemv_sum(work, ws_off: int, y, x, qweight, qzeros, scales, K: int, N: int, group: int, split: int, pdl: bool):
+    """Launch _gemv_sum_kernel on a tile's partials (work[ws_off:] as fp32 [split, N]), into y."""
+    part = work[ws_off:ws_off + split * N].view(torch.float32)
+    _gemv_sum_kernel[(triton.cdiv(N, _GEMV_SUM_BLOCK),)](
+        part, y, x, qweight, qzeros, scales, K, N, GROUP=group, SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split),
+        BLOCK=_GEMV_SUM_BLOCK, PDL=pdl, num_warps=1, num_stages=1, **({"launch_pdl": True} if pdl else {}))
+
+
+def _gemv_sum_kernel_for(split: int, x: torch.Tensor) -> bool:
+    """Whether a tuned candidate of this split sums with _gemv_sum_kernel (_GEMV_SUM_MIN_SPLIT)."""
+    return split >= _GEMV_SUM_MIN_SPLIT and gemv_pdl(x)
+
+
+def _gemv_sum_after_bench(nargs, exception):
+    """The autotuner's post_hook: a candidate that leaves its sum to _gemv_sum_kernel is timed with it."""
+    if exception is None and nargs["SUM_KERNEL"]:
+        _gemv_sum(nargs["part_ptr"], nargs["WS_OFF"], nargs["y_ptr"],
+                  nargs["x_ptr"], nargs["qw_ptr"], nargs["qz_ptr"], nargs["s_ptr"], nargs["K"], nargs["N"],
+                  nargs["GROUP"], nargs["SPLIT_K"], nargs["PDL"])
+
+
 _int4_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp, "NUM_STAGES": st}, num_warps=w, num_stages=1)
              for b, w, gpp, st in _GEMV_CONFIGS],
+    post_hook=_gemv_sum_after_bench,
     # Timed by Triton's do_bench, which flushes L2 (a 256 MB write) before each call: a decode step reads
     # every layer's weights cold. CUDA-graph replays of one call (used here until round 10) let part of
     # a 34 MB layer stay in a 50 MB L2; they picked two-stage configs that are 1.4-1.7 us slower cold.
@@ -774,13 +843,26 @@ def int4_gemv_dequant(x: torch.Tensor) -> str:
     return "f16x2" if nvidia and x.dtype == torch.float16 else "f32"
 
 
+def gemv_pdl(x: torch.Tensor) -> bool:
+    """Whether int4_gemv launches its sum kernel with programmatic dependent launch: an NVIDIA GPU of
+    sm_90 or later (Hopper), compiled (not the interpreter), and a Triton that has griddepcontrol."""
+    return (x.device.type == "cuda" and torch.version.hip is None and not interpreted() and gdc_wait is not None
+            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+
+
+GEMV_FIXUPS = ("in-kernel", "sum kernel")
+
+
 def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
               block_n: int | None = None, split_k: int | None = None, num_warps: int = 4,
-              dequant: str | None = None, num_stages: int = 2) -> torch.Tensor:
+              dequant: str | None = None, num_stages: int = 2, fixup: str | None = None) -> torch.Tensor:
     """y [1, N] = x [1, K] @ dequant(W), the weights dequantized inside the kernel (the decode step).
 
-    Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K
-    with a deterministic in-kernel fix-up. dequant "f32" is exact; "f16x2" (the default for fp16 x on
+    Per group and column: sum_k (q - z) x_k, times the group's scale, accumulated in fp32; split over K,
+    the partials summed in a fixed order (the same bits every run) by one of two fix-ups (GEMV_FIXUPS):
+    "in-kernel" (the last program of a column block sums them) or "sum kernel" (a second kernel does,
+    launched with PDL on sm_90+, gemv_pdl). Autotuned calls take the fix-up that their tile's split
+    calls for (_GEMV_SUM_MIN_SPLIT); with block_n and split_k given, fixup picks it (default "in-kernel"). dequant "f32" is exact; "f16x2" (the default for fp16 x on
     NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
     None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
@@ -806,22 +888,31 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
     _check(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
            f"the f16x2 dequant needs group_size >= 16, got {group_size}: pass dequant='f32'")
+    fixed = interpreted() or block_n is not None or split_k is not None
+    _check(fixup is None or (fixup in GEMV_FIXUPS and fixed),
+           f"fixup must be one of {GEMV_FIXUPS}, given with block_n and split_k (autotuned calls choose their "
+           f"own), got {fixup!r}")
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
     if x.data_ptr() % 16:
         x = x.clone()                             # f16x2 reads x 16 bytes at a time: 16-byte aligned
     y = torch.empty((N,), device=x.device, dtype=x.dtype)
     ng = K // group_size
-    fixed = interpreted() or block_n is not None or split_k is not None
     f16x2 = dequant == "f16x2"
+    pdl = gemv_pdl(x)
     if fixed:
         block_n = block_n or (32 if interpreted() else 256)
         split_k = max(1, min(split_k or 1, ng))
-        work, locks = _gemv_state(x.device, ("fixed", N, block_n, split_k),
+        sum_kernel = fixup == "sum kernel" and split_k > 1
+        # the sum kernel's partials are plain floats: never in a workspace the tagged fix-up reads
+        work, locks = _gemv_state(x.device, ("fixed", N, block_n, split_k) + (("sum kernel",) if sum_kernel else ()),
                                   lambda: _gemv_state_words(block_n, split_k, N))
         _int4_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
             x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, BLOCK_N=block_n, SPLIT_K=split_k,
             F16X2=f16x2, NUM_STAGES=num_stages, ROW_ACC=_gemv_row_acc(block_n, num_warps),
-            **_gemv_fixup_args(block_n, num_warps, split_k, N), num_warps=num_warps, num_stages=1)
+            **_gemv_fixup_args(block_n, num_warps, split_k, N), SUM_KERNEL=sum_kernel, PDL=pdl,
+            num_warps=num_warps, num_stages=1)
+        if sum_kernel:
+            _gemv_sum(work, 0, y, x, qweight, qzeros, scales, K, N, group_size, split_k, pdl)
     else:   # one state for all of this shape's candidates, each its own slice of it (_gemv_prune)
         def sizes():
             tiles = _gemv_prune(_int4_gemv_tuned.configs, {"K": K, "N": N, "x_ptr": x}, GROUP=group_size)
@@ -829,7 +920,11 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
             return sum(w for w, _ in each), sum(c for _, c in each)
         work, locks = _gemv_state(x.device, ("tuned", K, N, group_size), sizes)
         grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
-        _int4_gemv_tuned[grid](x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, F16X2=f16x2)
+        _int4_gemv_tuned[grid](x, qweight, qzeros, scales, y, work, locks, K, N, GROUP=group_size, F16X2=f16x2,
+                               PDL=pdl)
+        best = _int4_gemv_tuned.best_config.kwargs
+        if best["SUM_KERNEL"]:
+            _gemv_sum(work, best["WS_OFF"], y, x, qweight, qzeros, scales, K, N, group_size, best["SPLIT_K"], pdl)
     return y.reshape(1, N)
 
 
