@@ -76,6 +76,21 @@ Measured (split 6 / 28 / 32):
 - the redo as a call: 11.7 / 12.1 / 12.2 us; with opaque columns: 11.5 / 12.0 / 12.1 us.
 One weight per step now ships (utils.kernels._gemv_exact). The redo still costs 0.2-0.3 us: ptxas
 schedules the same group loop a little differently when it is there (the SASS differs, the PTX does not).
+
+Then the fix-up moved out of the GEMV kernel (modes "store, sum kernel..."): the GEMV stores its
+partials [split, N] and a second kernel (_sum_partials_kernel, as utils.kernels._gemv_sum_kernel ships
+it) sums them in a fixed order and holds the exact redo. Measured (gemv_tail_probe_round26_sumkernel.md,
+_pdl.md, _pdl_cols.md; splits 6 / 28 / 32):
+- launched plainly after the GEMV: 12.1-12.2 / 12.2 / 12.1 us (the launch gap eats the gain).
+- launched with PDL, the GEMV letting it launch at its start (griddepcontrol.launch_dependents), so its
+  programs are resident and wait (griddepcontrol.wait) while the GEMV runs: 11.8 / 11.7-11.8 / 11.5 us.
+  At 18944 -> 3584 split 32 that is 73-75 % of copy, with the redo. One sum program per 32 columns beat
+  64 and 128.
+- with PDL but no launch_dependents (the sum kernel launched when the GEMV's programs exit): 12.3-12.4 /
+  12.5 / 12.3 us.
+(In _sumkernel.md the PDL mode with launch_dependents was wrong and dropped by the check: its mode number
+also sent it down the tagged fix-up's path, so the sum kernel read a workspace of another layout. Fixed
+for _pdl.md.) utils.kernels ships it for splits of 16 and more on sm_90+ (_GEMV_SUM_MIN_SPLIT).
 """
 from __future__ import annotations
 

@@ -696,8 +696,9 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # the sum kernel launched with PDL took 11.5-11.6 us at splits 32-33 of 18944 -> 3584, 11.8 at 28, where
 # the in-kernel fix-up took 12.2-12.5; at 3584 -> 18944 (split 5-7) it lost, 11.8 against 11.6 at split 6.
 # So: the sum kernel from 16 partials per column (splits 8-24 are unmeasured), with PDL only (without
-# it, 12.2 us at split 28, no better). The autotuner is not asked to choose between the two: timed one
-# launch at a time (do_bench) it picked the in-kernel split 30 (12.4 us) over the sum kernel's 33 (11.5).
+# it, 12.2 us at split 28, no better). The autotuner is not asked to choose between the two: given both
+# as candidates and timing one launch at a time (do_bench), it picked the in-kernel split 30 (12.4 us)
+# over the sum kernel at split 32 (11.6 us in the same run's sweep; bench_sum_choice.md).
 _GEMV_SUM_MIN_SPLIT = 16
 # Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
 # 72 in round 15; with round 25's tagged fix-up and its unrolled exact redo 64 at splits 6 and 28 (72 at 32),
