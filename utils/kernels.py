@@ -863,7 +863,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     the partials summed in a fixed order (the same bits every run) by one of two fix-ups (GEMV_FIXUPS):
     "in-kernel" (the last program of a column block sums them) or "sum kernel" (a second kernel does,
     launched with PDL on sm_90+, gemv_pdl). Autotuned calls take the fix-up that their tile's split
-    calls for (_GEMV_SUM_MIN_SPLIT); with block_n and split_k given, fixup picks it (default "in-kernel"). dequant "f32" is exact; "f16x2" (the default for fp16 x on
+    calls for (_GEMV_SUM_MIN_SPLIT); with block_n and split_k given, fixup picks it (default
+    "in-kernel"). dequant "f32" is exact; "f16x2" (the default for fp16 x on
     NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
     redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
     None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
