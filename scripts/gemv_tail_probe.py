@@ -78,8 +78,8 @@ One weight per step now ships (utils.kernels._gemv_exact). The redo still costs 
 schedules the same group loop a little differently when it is there (the SASS differs, the PTX does not).
 
 Then the fix-up moved out of the GEMV kernel (modes "store, sum kernel..."): the GEMV stores its
-partials [split, N] and a second kernel (_sum_partials_kernel, as utils.kernels._gemv_sum_kernel ships
-it) sums them in a fixed order and holds the exact redo. Measured (gemv_tail_probe_round26_sumkernel.md,
+partials [split, N] and a second kernel (utils.kernels._gemv_sum_kernel; until it shipped, a copy of it
+here) sums them in a fixed order and holds the exact redo. Measured (gemv_tail_probe_round26_sumkernel.md,
 _pdl.md, _pdl_cols.md; splits 6 / 28 / 32):
 - launched plainly after the GEMV: 12.1-12.2 / 12.2 / 12.1 us (the launch gap eats the gain).
 - launched with PDL, the GEMV letting it launch at its start (griddepcontrol.launch_dependents), so its
@@ -105,7 +105,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: E402
+from triton.language.extra.cuda import gdc_launch_dependents  # noqa: E402
 
 from gemv_probe import fixup_locks, gpu_copy_gbps, shape_case, time_ops, write_table  # noqa: E402
 from utils import kernels, metrics  # noqa: E402
@@ -257,25 +257,6 @@ def _tail_probe_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
                 tl.atomic_xchg(lock_ptr + pid_n, 0)
 
 
-@triton.jit
-def _sum_partials_kernel(part_ptr, y_ptr, x_ptr, qw_ptr, qz_ptr, s_ptr, K, N, SPLIT_K: tl.constexpr,
-                         SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """The split-K sum as a kernel of its own: the partials [SPLIT_K, N] summed in a fixed order (the same
-    bits every run), an fp16 overflow redone exactly here (the redo's code is not in the GEMV kernel).
-    With PDL it is launched before the GEMV ends and waits for it here (griddepcontrol.wait)."""
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    nmask = rn < N
-    if PDL:
-        gdc_wait()
-    rk = tl.arange(0, SPLIT_P2)
-    v = tl.load(part_ptr + rk[:, None] * N + rn[None, :], mask=(rk < SPLIT_K)[:, None] & nmask[None, :], other=0.0,
-                cache_modifier=".cg")        # from L2: this SM's L1 may hold the last call's partials
-    y = tl.sum(v, axis=0)
-    if tl.sum(((y - y) != 0).to(tl.int32), axis=0) > 0:
-        y = kernels._gemv_exact(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, K // 128, 128, BLOCK)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=nmask)
-
-
 def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     """One launch at 32 columns, one warp; y32 (fp32 [N]) receives red.add's sums when given."""
     K, N = qw.shape[0] * 8, qw.shape[1]
@@ -296,10 +277,10 @@ def tail_probe(x, qw, qz, s, split_k: int, mode: str, y32=None):
     if mode.startswith("store, sum kernel"):
         y16 = torch.empty(N, device=x.device, dtype=torch.float16)
         cols = 128 if mode.endswith("128 columns") else 64 if mode.endswith("64 columns") else 32
-        _sum_partials_kernel[(triton.cdiv(N, cols),)](part, y16, x, qw, qz, s, K, N, SPLIT_K=split_k,
-                                                      SPLIT_P2=triton.next_power_of_2(split_k), BLOCK=cols,
-                                                      PDL="PDL" in mode, num_warps=cols // 32, num_stages=1,
-                                                      launch_pdl="PDL" in mode)
+        kernels._gemv_sum_kernel[(triton.cdiv(N, cols),)](part, y16, x, qw, qz, s, K, N, GROUP=128, SPLIT_K=split_k,
+                                                          SPLIT_P2=triton.next_power_of_2(split_k), BLOCK=cols,
+                                                          PDL="PDL" in mode, num_warps=cols // 32, num_stages=1,
+                                                          launch_pdl="PDL" in mode)
         return y16
     return y
 

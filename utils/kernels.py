@@ -614,14 +614,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
     if SUM_KERNEL:                                  # (only with SPLIT_K > 1: _gemv_prune, int4_gemv)
         if PDL:
             gdc_launch_dependents()
-        y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                         NUM_STAGES, ROW_ACC, N)
+    elif SPLIT_K > 1:
+        ticket, lane0 = _gemv_ticket(lock_ptr + LOCK_OFF + pid_n, THREADS)
+    y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
+                     NUM_STAGES, ROW_ACC, N)
+    if SUM_KERNEL:
         tl.store((part_ptr + WS_OFF).to(tl.pointer_type(tl.float32)) + pid_k * N + rn, y, mask=nmask)
     else:
-        if SPLIT_K > 1:
-            ticket, lane0 = _gemv_ticket(lock_ptr + LOCK_OFF + pid_n, THREADS)
-        y = _gemv_groups(x_ptr, qw_ptr, qz_ptr, s_ptr, rn, nmask, N, pid_k, ng, SPLIT_K, GROUP, BLOCK_N, F16X2,
-                         NUM_STAGES, ROW_ACC, N)
         last = True
         if SPLIT_K > 1:
             y, last, late = _splitk_fixup_tagged(y, ticket, lane0, part_ptr + WS_OFF, lock_ptr + LOCK_OFF + pid_n,
@@ -760,6 +759,7 @@ def _gemv_prune(configs, named_args, **kwargs):
     """Turn (block_n, warps, groups per program) into this shape's constant SPLIT_K, without duplicates,
     and give each its own slice of the shape's fix-up state (_gemv_state), one after another."""
     ng, N = named_args["K"] // kwargs.get("GROUP", 128), named_args["N"]
+    pdl = gemv_pdl(named_args["x_ptr"])     # the sum kernel from _GEMV_SUM_MIN_SPLIT partials, with PDL only
     seen, out, ws_off, lock_off = set(), [], 0, 0
     for c in configs:
         b, w, gpp = c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["GROUPS_PER_PROGRAM"]
@@ -768,9 +768,9 @@ def _gemv_prune(configs, named_args, **kwargs):
         else:   # one wave; with the sum kernel, one wave with its programs beside the GEMV's
             sms = _sm_count(str(named_args["x_ptr"].device))
             split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
-            if _gemv_sum_kernel_for(split, named_args["x_ptr"]):
+            if pdl and split >= _GEMV_SUM_MIN_SPLIT:
                 split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
-        sum_kernel = _gemv_sum_kernel_for(split, named_args["x_ptr"])
+        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT
         key = (b, w, split, c.kwargs["NUM_STAGES"], sum_kernel)
         if key not in seen:
             seen.add(key)
@@ -789,11 +789,6 @@ def _gemv_sum(work, ws_off: int, y, x, qweight, qzeros, scales, K: int, N: int, 
     _gemv_sum_kernel[(triton.cdiv(N, _GEMV_SUM_BLOCK),)](
         part, y, x, qweight, qzeros, scales, K, N, GROUP=group, SPLIT_K=split, SPLIT_P2=triton.next_power_of_2(split),
         BLOCK=_GEMV_SUM_BLOCK, PDL=pdl, num_warps=1, num_stages=1, **({"launch_pdl": True} if pdl else {}))
-
-
-def _gemv_sum_kernel_for(split: int, x: torch.Tensor) -> bool:
-    """Whether a tuned candidate of this split sums with _gemv_sum_kernel (_GEMV_SUM_MIN_SPLIT)."""
-    return split >= _GEMV_SUM_MIN_SPLIT and gemv_pdl(x)
 
 
 def _gemv_sum_after_bench(nargs, exception):
