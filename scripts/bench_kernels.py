@@ -163,15 +163,16 @@ def grouped_rows(shapes):
     for G, m, K, N in shapes:
         dt = torch.bfloat16
         a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
-        check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, dt, K, "grouped GEMM")
-        check(kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False), ref, dt, K, "grouped GEMM (pointers)")
-        t = bench_interleaved({"loop": lambda: kernels.grouped_matmul_loop(a, b, sizes),
-                               "ours": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m),
-                               "ours (pointers)": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m, tma=False)})
-        t_loop, t_ours, t_ptr = t["loop"], t["ours"], t["ours (pointers)"]
+        ours = kernels.grouped_kernel(a, b)
+        fns = {"loop": lambda: kernels.grouped_matmul_loop(a, b, sizes)}
+        for k in kernels.GROUPED_KERNELS[kernels.GROUPED_KERNELS.index(ours):]:    # ours and the ones after it
+            check(kernels.grouped_matmul(a, b, offs, max_rows=m, kernel=k), ref, dt, K, f"grouped GEMM ({k})")
+            fns[k] = lambda k=k: kernels.grouped_matmul(a, b, offs, max_rows=m, kernel=k)
+        t = bench_interleaved(fns)
+        t_loop, t_ours = t["loop"], t[ours]
         flop = 2 * G * m * K * N
         tf = lambda t: flop / (t * 1e-3) / 1e12  # noqa: E731
-        note = f"TMA path {'on' if kernels._tma_ok(a, b) else 'off'}; pointer loads {tf(t_ptr):.0f} TFLOP/s"
+        note = "; ".join([f"{ours} kernel"] + [f"{k} {tf(t[k]):.0f} TFLOP/s" for k in t if k not in ("loop", ours)])
         try:
             bt = b.transpose(1, 2).contiguous().transpose(1, 2)   # _grouped_mm wants B column-major
             check(torch._grouped_mm(a, bt, offs=offs), ref, dt, K, "torch._grouped_mm")
@@ -179,7 +180,8 @@ def grouped_rows(shapes):
             note += f"; torch._grouped_mm {tf(t_g):.0f} TFLOP/s (ours {t_g / t_ours:.2f}x it)"
         except Exception as exc:  # noqa: BLE001
             note += f"; torch._grouped_mm did not run: {type(exc).__name__}: {str(exc)[:80]}"
-        rows.append({"kernel": "Triton grouped GEMM bf16", "shape": f"G={G} x ({m}x{K}x{N})",
+        rows.append({"kernel": f"{'Gluon' if ours == 'gluon' else 'Triton'} grouped GEMM bf16",
+                     "shape": f"G={G} x ({m}x{K}x{N})",
                      "ours": f"{tf(t_ours):.0f} TFLOP/s",
                      "baseline": f"torch.matmul loop {tf(t_loop):.0f} TFLOP/s",
                      "ratio": t_loop / t_ours, "target": ">= 1.0", "pass": t_loop / t_ours >= 1.0, "note": note})

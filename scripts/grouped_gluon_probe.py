@@ -1,38 +1,40 @@
-"""Grouped GEMM round 8 (a bench, not a test): a Gluon kernel for the 8 x 2048-row case, on the H200.
+"""Grouped GEMM round 8 (a bench, not a test): Gluon kernels for the 8 x 2048-row case, on the H200.
 
-Rounds 1-7 (scripts/grouped_probe.py) left the shipped Triton kernel at 0.95-0.97x a loop of
-torch.matmul at 8 x (2048 x 4096 x 4096), where every group fills the GPU alone and the loop is cuBLAS.
-Two losses were named there: each non-persistent CTA's pipeline fill and epilogue run with nothing
-beside them, and 2048 tiles on 132 SMs are 15.5 waves, so the last one runs half empty. Triton's own
-persistent and warp-specialized forms did not recover the first (0.92-0.97x). This round writes the
-kernel in Gluon (Triton's lower-level language, 3.6 on the lent GPUs), where the pipeline is ours:
+Rounds 1-7 (scripts/grouped_probe.py) left the Triton kernel at 0.95-0.97x a loop of torch.matmul at
+8 x (2048 x 4096 x 4096), where every group fills the GPU alone and the loop is cuBLAS. This round
+writes the kernel in Gluon (Triton's lower-level language, 3.6 on the lent GPUs), where the pipeline
+and the warps' roles are ours. Two kernels:
 
-- persistent, one program per SM, and pipelined *across* tiles: one flat loop over this program's
-  (tile, k-step) pairs keeps STAGES - 1 TMA loads in flight, so the next tile's operands arrive while
-  this tile's last wgmma and its epilogue run; the epilogue writes the tile with one TMA store that
-  completes in the background (waited for only before the next tile reuses its buffer).
-- STREAM_K: the tail without the half-empty wave. The last full wave and the remainder (between P and
-  2P tiles on P programs) are split by k-steps into P equal runs (stream-K, Osama et al., PPoPP 2023),
-  one per program after its data-parallel tiles. A tile split between programs is finished by the one
-  that arrives last at its counter: every part goes to a workspace, the last adds them in program order
-  (the same bits every run) and stores the tile; nobody waits on anybody, so there is no deadlock.
+1. `_grouped_gluon_kernel` below (rounds 8a-8c), not warp-specialized: persistent, one flat loop over
+   this program's (tile, k-step) pairs keeps STAGES - 1 TMA loads in flight across tile boundaries, the
+   epilogue is a TMA store left to finish in the background. Its STREAM_K option splits the last full
+   wave and the remainder (between P and 2P tiles on P programs) by k-steps into P equal runs
+   (stream-K, Osama et al., PPoPP 2023); a tile split between programs is finished by the one that
+   arrives last at its counter, which adds the parts in program order (the same bits every run).
+2. The warp-specialized kernel (rounds 8d-8e), now `utils/grouped_gluon.py` and grouped_matmul's
+   "gluon" kernel: one producer warp issues every TMA load, the compute warps only wait, run the
+   wgmma, hand the stage back and store. Why it was tried: scripts/gemm_power_probe.py found the H200
+   held at its 700 W power cap under this row, the cuBLAS loop at 1515-1530 MHz and the Triton kernel
+   at 1485-1500, and ncu counted 103 M instructions for the Triton kernel against 68 M for the loop in
+   the same cycles: every warp of it issues each k-step's loads, barriers and waits.
 
-    python scripts/grouped_gluon_probe.py [--round b]   # GPU (sm_90, Gluon): checks, then the table
+    python scripts/grouped_gluon_probe.py [--round b|c|d|e]   # GPU (sm_90, Gluon); default e
 
-Answer (H200, four calls; the logs are grouped_gluon_probe_8*.log in
-docs/device-runs/20261124-lab05-kernels-h200/): right everywhere (the three shapes, and ragged groups with
-empty ones, the same bits on a second call), and slower than the shipped Triton kernel at 8 x 2048
-rows in every config. Round 8b (twice: 8b_run1 before the TMA_STORE switch was added, 8b with this
-file): persistent 0.90-0.91x the loop, with the stream-K tail 0.88-0.89x, GROUP_M 4 0.89-0.90x, the
-shipped kernel 0.95-0.97x in the same runs. Round 8c: persistent 0.91x, one program per tile 0.90x,
-4 stages with stores from registers 0.85x, GROUP_M 16 0.91x, the shipped kernel 0.98x. At 8 x 512 rows
-persistent 0.99-1.00x (shipped 1.04-1.05x); at 64 x 128 rows 3.58-3.73x (shipped 3.54-3.69x). So
-persistence gains about 1 % here, and the stream-K tail loses more than the half wave it fills
-(0.79-0.81x against 0.99-1.00x at 8 x 512 rows). What compiling for sm_90 (Triton 3.6) shows: this
-loop has the shape of Triton's own (four HGMMA.64x256x16 per k-step, one wgmma left in flight, three CTA barriers around the TMA issue), but
-the kernel takes 255 registers with 56 bytes of stack and reloads a spilled value every k-step, where
-Triton's kernel takes 158 and spills nothing. The spill is not the whole story: the 4-stage form with
-stores from registers takes 201 registers, spills nothing, and is slower still. Nothing here ships.
+Answers (H200; logs grouped_gluon_probe_8*.log in docs/device-runs/20261124-lab05-kernels-h200/; every
+config right at the three shapes and on ragged groups with empty ones, the same bits on a second call):
+- 8a: kernel 1 in a first form that worked out the tile at every k-step: latency-bound, 0.71x.
+- 8b (twice: 8b_run1 before the TMA_STORE switch was added): kernel 1 persistent 0.90-0.91x, with the
+  stream-K tail 0.88-0.89x (0.79-0.81x against 0.99-1.00x at 8 x 512 rows: its fix-up costs more than
+  the half wave it fills), GROUP_M 4 0.89-0.90x; the Triton kernel 0.95-0.97x in the same runs.
+- 8c: kernel 1 persistent 0.91x, one program per tile 0.90x, 4 stages with stores from registers
+  0.85x, GROUP_M 16 0.91x; Triton 0.98x. Compiled for sm_90 its loop has the shape of Triton's own
+  (four HGMMA.64x256x16 per k-step, one wgmma left in flight, three CTA barriers around the TMA issue).
+- 8d: kernel 2 at GROUP_M 16 0.998x, at GROUP_M 8 0.995x (Triton 0.97x); 1.08x at 8 x 512 rows (Triton
+  1.04x), 3.67x at 64 x 128 (Triton 3.58x).
+- 8e: kernel 2 1.005x; 256 x 128 tiles 0.97x; 4 stages with stores from registers 0.91x; a 24-register
+  producer 0.999x; Triton 0.96x. At 8 x 512 rows 1.085x, at 64 x 128 3.62x.
+(The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
+group_m, block_m, block_n.)
 """
 from __future__ import annotations
 
@@ -48,15 +50,10 @@ import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-
-@gluon.constexpr_function
-def _acc_layout(block_m, block_n, num_warps):
-    """The wgmma accumulator: warps stacked along M (16 rows each, 4 warps to a warp group), one
-    instruction N-wide (n <= 256)."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, block_n, 16])
+from utils.grouped_gluon import GL_DTYPES, _acc_layout, _store_tile, _tile_origin, grouped_matmul_ws  # noqa: E402
 
 
 @gluon.jit
@@ -73,22 +70,6 @@ def _item(item, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles):
 
 
 @gluon.jit
-def _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 GROUP_M: gl.constexpr):
-    """(group, its first row, the tile's row and column offsets in the group): tiles counted with the
-    largest group's rows, GROUP_M row-tiles side by side (Triton's matmul tutorial ordering)."""
-    g = tile // per_group
-    r = tile % per_group
-    width = GROUP_M * num_n
-    first_m = (r // width) * GROUP_M
-    rows = gl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (r % width) % rows
-    pid_n = (r % width) // rows
-    start = gl.where(g > 0, gl.load(offs_ptr + gl.maximum(g - 1, 0)), 0)
-    return g, start, pid_m * BLOCK_M, pid_n * BLOCK_N
-
-
-@gluon.jit
 def _issue(p, total, a_row, b_row, off_n, k, a_desc, b_desc, a_bufs, b_bufs, bars, STAGES: gl.constexpr):
     """TMA loads of k-step k (A rows from a_row, B rows from b_row) into ring slot p % STAGES."""
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -98,35 +79,6 @@ def _issue(p, total, a_row, b_row, off_n, k, a_desc, b_desc, a_bufs, b_bufs, bar
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(a_desc, [a_row, k * BLOCK_K], bar, a_bufs.index(slot), pred)
     tma.async_copy_global_to_shared(b_desc, [b_row + k * BLOCK_K, off_n], bar, b_bufs.index(slot), pred)
-
-
-@gluon.jit
-def _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE: gl.constexpr):
-    """A tile inside its group, with TMA_STORE: one TMA store from shared memory, left to finish in the
-    background. Otherwise, or past its group's end (ragged groups): masked stores from registers."""
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    out = acc.to(c_desc.dtype)
-    layout: gl.constexpr = acc.type.layout
-    if TMA_STORE:
-        if off_m + BLOCK_M <= Mg:
-            tma.store_wait(0)                      # the previous tile's store has read c_smem
-            c_smem.store(out)
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [start + off_m, off_n], c_smem)
-        else:
-            _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout, BLOCK_M, BLOCK_N)
-    else:
-        _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout, BLOCK_M, BLOCK_N)
-
-
-@gluon.jit
-def _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
-    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-    gl.store(c_ptr + (start + rm)[:, None] * N + rn[None, :], out, mask=mask)
 
 
 @gluon.jit
@@ -250,7 +202,6 @@ def _grouped_gluon_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, cnt_p
         mbarrier.invalidate(bars.index(s))
 
 
-_GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _STATE: dict = {}
 
 
@@ -267,8 +218,8 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
     """The Gluon grouped GEMM at one config: a [rows, K], b [G, K, N] (K % BK == 0), offs int32 row ends.
     persistent=False: one program per tile (the hardware schedules them), the same kernel otherwise."""
     G, K, N = b.shape
-    assert K % BK == 0 and a.is_contiguous() and b.is_contiguous() and a.dtype in _GL_DTYPE
-    dt = _GL_DTYPE[a.dtype]
+    assert K % BK == 0 and a.is_contiguous() and b.is_contiguous() and a.dtype in GL_DTYPES
+    dt = GL_DTYPES[a.dtype]
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     lay = gl.NVMMASharedLayout.get_default_for
     a_desc = TensorDescriptor.from_tensor(a, [BM, BK], lay([BM, BK], dt))
@@ -291,16 +242,24 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"b": [("Gluon persistent, pipelined across tiles", dict(stages=3)),
-                ("Gluon persistent + stream-K tail", dict(stages=3, stream_k=True)),
-                ("Gluon persistent, pipelined across tiles, GROUP_M 4", dict(stages=3, GM=4)),
-                ("Gluon persistent + stream-K tail, 256 x 128", dict(BM=256, BN=128, stages=3, stream_k=True))],
-          "c": [("Gluon persistent", dict(stages=3)),
-                ("Gluon one program per tile", dict(stages=3, persistent=False)),
-                ("Gluon persistent, 4 stages, stores from registers", dict(stages=4, tma_store=False)),
+ROUNDS = {"e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+                ("Gluon warp-specialized, 256 x 128", grouped_matmul_ws, dict(block_m=256, block_n=128)),
+                ("Gluon warp-specialized, 4 stages, stores from registers", grouped_matmul_ws,
+                 dict(stages=4, tma_store=False)),
+                ("Gluon warp-specialized, producer 24 registers", grouped_matmul_ws, dict(producer_regs=24))],
+          "d": [("Gluon warp-specialized, GROUP_M 16", grouped_matmul_ws, dict()),
+                ("Gluon warp-specialized, GROUP_M 8", grouped_matmul_ws, dict(group_m=8)),
+                ("Gluon persistent, GROUP_M 16", grouped_gluon, dict(stages=3, GM=16))],
+          "b": [("Gluon persistent, pipelined across tiles", grouped_gluon, dict(stages=3)),
+                ("Gluon persistent + stream-K tail", grouped_gluon, dict(stages=3, stream_k=True)),
+                ("Gluon persistent, pipelined across tiles, GROUP_M 4", grouped_gluon, dict(stages=3, GM=4)),
+                ("Gluon persistent + stream-K tail, 256 x 128", grouped_gluon, dict(BM=256, BN=128, stages=3, stream_k=True))],
+          "c": [("Gluon persistent", grouped_gluon, dict(stages=3)),
+                ("Gluon one program per tile", grouped_gluon, dict(stages=3, persistent=False)),
+                ("Gluon persistent, 4 stages, stores from registers", grouped_gluon, dict(stages=4, tma_store=False)),
                 ("Gluon one program per tile, 4 stages, stores from registers",
-                 dict(stages=4, tma_store=False, persistent=False)),
-                ("Gluon persistent, GROUP_M 16", dict(stages=3, GM=16))]}
+                 grouped_gluon, dict(stages=4, tma_store=False, persistent=False)),
+                ("Gluon persistent, GROUP_M 16", grouped_gluon, dict(stages=3, GM=16))]}
 SHAPES = [(8, 2048, 4096, 4096), (8, 512, 4096, 4096), (64, 128, 2048, 1408)]
 
 
@@ -323,10 +282,10 @@ def check_ragged(configs):
     b = torch.randn(len(sizes), K, N, device="cuda", dtype=torch.bfloat16)
     ref = kernels.grouped_matmul_loop(a, b, sizes)
     offs = kernels.group_offsets(sizes, "cuda")
-    for name, cfg in configs:
-        out = grouped_gluon(a, b, offs, max(sizes), **cfg)
+    for name, fn, cfg in configs:
+        out = fn(a, b, offs, max(sizes), **cfg)
         check_tiles(out, ref, K, f"{name} (ragged groups)")
-        again = grouped_gluon(a, b, offs, max(sizes), **cfg)
+        again = fn(a, b, offs, max(sizes), **cfg)
         assert torch.equal(out, again), f"{name}: two calls differ"
         print(f"  ragged groups {sizes}: {name} right, the same bits twice", flush=True)
 
@@ -335,7 +294,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="c", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="e", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)
@@ -346,9 +305,9 @@ def main():
         a, b, offs, sizes, ref = grouped_case(G, m, K, N)
         fns = {"torch.matmul loop": lambda: kernels.grouped_matmul_loop(a, b, sizes),
                "shipped grouped_matmul": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m)}
-        for name, cfg in configs:
-            check_tiles(grouped_gluon(a, b, offs, m, **cfg), ref, K, name)
-            fns[f"{name} {cfg}"] = lambda cfg=cfg: grouped_gluon(a, b, offs, m, **cfg)
+        for name, fn, cfg in configs:
+            check_tiles(fn(a, b, offs, m, **cfg), ref, K, name)
+            fns[f"{name} {cfg}"] = lambda fn=fn, cfg=cfg: fn(a, b, offs, m, **cfg)
         t = bench_interleaved(fns)
         flop = 2 * G * m * K * N
         for name, ms in t.items():

@@ -53,6 +53,46 @@ def test_grouped_matmul_matches_loop_with_empty_group():
         kernels.grouped_matmul(a, b, offs.long())
 
 
+def test_grouped_matmul_every_kernel_that_runs_here_matches_the_loop_on_ragged_groups():
+    """16-bit groups of ragged sizes (an empty one, a single row, one past a tile's edge), N not a multiple of
+    any tile: each kernel that runs here (on Hopper gluon and tma, everywhere pointers) against the fp64
+    loop, and the same bits on a second call; "auto" picks the first of them."""
+    torch.manual_seed(0)
+    gpu = DEVICE == "cuda"
+    sizes, K, N = ([300, 0, 129, 1, 64], 128, 264) if gpu else ([70, 0, 33, 1, 16], 128, 72)
+    offs = kernels.group_offsets(sizes, DEVICE)
+    for dt in [torch.float16] + ([torch.bfloat16] if gpu else []):     # the interpreter has no bf16
+        a = torch.randn(sum(sizes), K, device=DEVICE).to(dt)
+        b = torch.randn(len(sizes), K, N, device=DEVICE).to(dt)
+        ref = kernels.grouped_matmul_loop(a.double(), b.double(), sizes)
+        ran = []
+        for kernel in kernels.GROUPED_KERNELS:
+            try:
+                out = kernels.grouped_matmul(a, b, offs, kernel=kernel)
+            except ValueError as exc:
+                assert "cannot run here" in str(exc)
+                continue
+            ran.append(kernel)
+            assert metrics.relative_l2(out, ref) <= metrics.matmul_error_bound(dt, K), (kernel, dt)
+            assert torch.equal(out, kernels.grouped_matmul(a, b, offs, kernel=kernel)), (kernel, dt)
+        assert ran[-1] == "pointers" and ran[0] == kernels.grouped_kernel(a, b)
+        if gpu and torch.cuda.get_device_capability() == (9, 0):
+            assert ran == list(kernels.GROUPED_KERNELS)
+
+
+def test_grouped_kernel_says_why_a_kernel_cannot_run():
+    a, b = torch.randn(8, 64), torch.randn(2, 64, 16)
+    offs = kernels.group_offsets([3, 5])
+    assert kernels.grouped_kernel(a, b) == "pointers"            # a CPU tensor: only the pointer kernel
+    for kernel, why in (("gluon", "NVIDIA GPU"), ("tma", "NVIDIA GPU")):
+        with pytest.raises(ValueError, match=f"the {kernel} grouped GEMM cannot run here: .*{why}"):
+            kernels.grouped_matmul(a, b, offs, kernel=kernel)
+    with pytest.raises(ValueError, match="kernel must be"):
+        kernels.grouped_matmul(a, b, offs, kernel="cutlass")
+    with pytest.raises(ValueError, match="fixed config runs the pointer kernel"):
+        kernels.grouped_matmul(a, b, offs, kernel="tma", config={"BLOCK_M": 16})
+
+
 def test_int8_matmul_exact():
     torch.manual_seed(0)
     a = torch.randint(-128, 128, (33, 200), dtype=torch.int8, device=DEVICE)
@@ -188,15 +228,16 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
     above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages). The one-wave
     candidate on an H200's 132 SMs: 3696 one-warp programs at 72 registers, so split 6 for 592 column
-    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112. With PDL (sm_90+) a split of
-    16 or more sums in the sum kernel, whose one-warp programs (one per 32 columns) must fit beside the
-    GEMV's: the one-wave split for 112 column blocks is then 32."""
+    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112. With PDL (sm_90+) the one-wave
+    candidate sums a split of 16 or more in the sum kernel, whose one-warp programs (one per 32 columns)
+    must fit beside the GEMV's: its split for 112 column blocks is then 32; the others keep the in-kernel
+    fix-up."""
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     configs = kernels._int4_gemv_tuned.configs
     x = torch.zeros(1)
     cases = (((3584, 18944, False), {6, 7, 14}, set()), ((18944, 3584, False), {30, 33, 37, 50}, set()),
              ((256, 18944, False), {1, 2}, set()), ((3584, 18944, True), {6, 7, 14}, set()),
-             ((18944, 3584, True), {30, 32, 37, 50}, {30, 32, 37, 50}))
+             ((18944, 3584, True), {30, 32, 37, 50}, {32}))
     for (K, N, pdl), want, by_sum_kernel in cases:
         monkeypatch.setattr(kernels, "gemv_pdl", lambda x, pdl=pdl: pdl)
         pruned = kernels._gemv_prune(configs, {"K": K, "N": N, "x_ptr": x}, GROUP=128)

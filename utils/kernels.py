@@ -15,6 +15,7 @@ scales fp16 [K/g, N]; w = (q - (z + 1)) * s.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 
 import torch
@@ -245,15 +246,56 @@ _grouped_tma_tuned = triton.autotune(
     key=["N", "K", "MAX_ROWS"])(_grouped_tma_kernel)
 
 
-def _tma_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """TMA path: an NVIDIA GPU of compute capability 9+, 16-bit data, K a multiple of 64, 16-byte rows."""
+GROUPED_KERNELS = ("gluon", "tma", "pointers")
+_GLUON_BROKEN: list = []        # why the Gluon kernel failed to compile here, once it has (auto then skips it)
+
+
+def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Why the TMA kernel cannot take these operands (None: it can): an NVIDIA GPU of compute capability
+    9+, 16-bit data, K a multiple of 64, N of 8, contiguous 16-byte-aligned operands, some rows."""
     if interpreted() or a.device.type != "cuda" or torch.version.hip is not None:
-        return False
-    if torch.cuda.get_device_capability(a.device)[0] < 9 or a.dtype not in (torch.float16, torch.bfloat16):
-        return False
+        return "it needs an NVIDIA GPU (not the interpreter, not ROCm)"
+    if torch.cuda.get_device_capability(a.device)[0] < 9:
+        return "it needs compute capability 9.0 or newer (TMA)"
     K, N = b.shape[1], b.shape[2]
-    return (a.shape[0] > 0 and K % 64 == 0 and N % 8 == 0 and a.is_contiguous() and b.is_contiguous()
-            and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0)
+    if a.dtype not in (torch.float16, torch.bfloat16):
+        return f"it takes fp16 or bf16, not {a.dtype}"
+    if K % 64 or N % 8:
+        return f"it needs K % 64 == 0 and N % 8 == 0, got K={K}, N={N}"
+    if not (a.is_contiguous() and b.is_contiguous() and a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0):
+        return "it needs contiguous, 16-byte-aligned a and b"
+    if a.shape[0] == 0:
+        return "a has no rows"
+    return None
+
+
+def _why_not_gluon(a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Why the warp-specialized Gluon kernel (utils.grouped_gluon) cannot run here (None: it can):
+    the TMA kernel's conditions, wgmma (sm_90 exactly), and a Triton with Gluon."""
+    why = _why_not_tma(a, b)
+    if why is None and torch.cuda.get_device_capability(a.device) != (9, 0):
+        why = "it needs an sm_90 GPU (Hopper's wgmma)"
+    if why is None:
+        try:
+            importlib.import_module(".grouped_gluon", __package__)
+        except ImportError as exc:
+            why = f"this Triton has no usable Gluon ({exc}); Triton 3.5 or newer has it"
+    if why is None and _GLUON_BROKEN:
+        why = f"it failed to compile here: {_GLUON_BROKEN[0]}"
+    return why
+
+
+def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> str:
+    """Which grouped GEMM kernel grouped_matmul runs on a and b: "gluon" (warp-specialized, Hopper),
+    "tma" (Triton, TMA loads) or "pointers" (Triton, pointer loads; everywhere, the interpreter too).
+    "auto" is the first of those that can run; a named one that cannot raises ValueError saying why."""
+    _check(kernel in ("auto",) + GROUPED_KERNELS, f"kernel must be 'auto' or one of {GROUPED_KERNELS}, got {kernel!r}")
+    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
+    if kernel == "auto":
+        return next(k for k in GROUPED_KERNELS if why[k] is None)
+    _check(why[kernel] is None, f"the {kernel} grouped GEMM cannot run here: {why[kernel]}; kernel='auto' picks "
+                                f"one that can")
+    return kernel
 
 
 def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
@@ -263,13 +305,15 @@ def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
 
 
 def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int | None = None,
-                   config: dict | None = None, tma: bool = True, input_precision: str | None = None) -> torch.Tensor:
+                   config: dict | None = None, kernel: str = "auto", input_precision: str | None = None) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[offs[g-1]:offs[g]] @ b[g] for every group g, in one launch.
 
     a: [sum M_g, K]; b: [G, K, N]; offs: int32 [G] cumulative row ends. max_rows (the largest
-    group) sizes the grid; given, it saves reading offs back to the host. On Hopper-class GPUs (and 16-bit
-    data, K % 64 == 0) A and B are read through TMA descriptors unless tma=False; elsewhere, and with a
-    fixed config, through pointers. input_precision as in matmul (None is "ieee", _precision says why).
+    group) sizes the grid; given, it saves reading offs back to the host. kernel: "auto" (the fastest
+    that runs here), "gluon" (warp-specialized, utils.grouped_gluon: an sm_90 GPU, 16-bit data, K % 64 ==
+    0), "tma" (Triton with TMA loads: compute capability 9+, the same operands) or "pointers" (anywhere);
+    grouped_kernel says which and why not. A fixed config (Triton tile keys, as in matmul) runs the
+    pointer kernel. input_precision as in matmul (None is "ieee", _precision says why).
     """
     _check(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
            f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
@@ -280,12 +324,26 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
     prec = _precision(input_precision)
     if interpreted():
         _check(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
+    _check(config is None or kernel in ("auto", "pointers"),
+           f"a fixed config runs the pointer kernel: pass kernel='auto' or 'pointers', not {kernel!r}")
+    path = "pointers" if config is not None else grouped_kernel(a, b, kernel)
     G, K, N = b.shape
     if max_rows is None:
         o = offs.cpu().long()
         _check(int(o[-1]) == a.shape[0] and bool((o[1:] >= o[:-1]).all()) and int(o[0]) >= 0,
                f"offs must be non-decreasing and end at a.shape[0]={a.shape[0]}, got {o.tolist()}")
         max_rows = int(torch.diff(o, prepend=o.new_zeros(1)).max())
+    if path == "gluon":
+        from . import grouped_gluon
+        try:
+            return grouped_gluon.grouped_matmul_ws(a, b, offs, max_rows)
+        except Exception as exc:  # noqa: BLE001 - a Triton whose Gluon differs: say so once, use the TMA kernel
+            if kernel == "gluon":
+                raise
+            _GLUON_BROKEN.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            import warnings
+            warnings.warn(f"the Gluon grouped GEMM did not compile here ({_GLUON_BROKEN[0]}); using the TMA kernel")
+            path = "tma"
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     args = (a, b, c, offs, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
             c.stride(0), c.stride(1))
@@ -294,7 +352,7 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
         kw = {k: cfg.pop(k) for k in ("num_warps", "num_stages") if k in cfg}
         grid = (triton.cdiv(max(max_rows, 1), cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]), G)
         _grouped_kernel[grid](*args, PRECISION=prec, **cfg, **kw)
-    elif tma and _tma_ok(a, b):
+    elif path == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
         a_desc = TensorDescriptor.from_tensor(a, [128, 64])          # block shapes set per config
         b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [64, 128])
@@ -697,7 +755,10 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # So: the sum kernel from 16 partials per column (splits 8-24 are unmeasured), with PDL only (without
 # it, 12.2 us at split 28, no better). The autotuner is not asked to choose between the two: given both
 # as candidates and timing one launch at a time (do_bench), it picked the in-kernel split 30 (12.4 us)
-# over the sum kernel at split 32 (11.6 us in the same run's sweep; bench_sum_choice.md).
+# over the sum kernel at split 32 (11.6 us in the same run's sweep; bench_sum_choice.md). And only the
+# one-wave candidate gets it, the tile it was measured on: given to every candidate of split 16 or more,
+# the autotuner once picked 128 columns, split 50, two stages with the sum kernel at 18944 -> 3584, which
+# then took 16.0 us cold against 11.6 for the one-wave tile (bench_sumall.md, 2026-11-24).
 _GEMV_SUM_MIN_SPLIT = 16
 # Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
 # 72 in round 15; with round 25's tagged fix-up and its unrolled exact redo 64 at splits 6 and 28 (72 at 32),
@@ -770,7 +831,7 @@ def _gemv_prune(configs, named_args, **kwargs):
             split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
             if pdl and split >= _GEMV_SUM_MIN_SPLIT:
                 split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
-        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT
+        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT and not gpp      # the one-wave tile only
         key = (b, w, split, c.kwargs["NUM_STAGES"], sum_kernel)
         if key not in seen:
             seen.add(key)

@@ -1,0 +1,131 @@
+"""Clocks and power under the grouped GEMM row of issue 8 (a probe, not a test): is the H200 held by its
+power limit there, and does our kernel lose on work per clock or on clocks?
+
+    python scripts/gemm_power_probe.py      # GPU with nvidia-smi; prints a markdown table
+    ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
+        -k regex:"nvjet|_grouped_tma|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
+
+Each kernel (the torch.matmul loop, the shipped Triton grouped GEMM, torch._grouped_mm) is replayed from
+a CUDA graph for a few seconds while nvidia-smi samples the SM clock, the power draw and the active
+clock-throttle reasons every 100 ms. The table gives the medians over the samples of the replay's
+middle, the kernel's time per call over the same replays, its TFLOP/s, and TFLOP/s per GHz of SM
+clock (work per clock: what is left once the clock is divided out).
+"""
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from bench_kernels import check, grouped_case, warm_up  # noqa: E402
+from grouped_probe import grouped_tma_fixed  # noqa: E402
+from utils import kernels  # noqa: E402
+
+QUERY = "clocks.sm,power.draw,power.limit,clocks_throttle_reasons.active"
+
+
+def sample(stop: threading.Event, out: list, interval_ms: int = 100) -> None:
+    """nvidia-smi's SM clock (MHz), power (W), power limit (W) and throttle bitmask, every interval_ms."""
+    proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                             f"-lms={interval_ms}", "-i", "0"], stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            out.append((time.perf_counter(), float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
+        except (ValueError, IndexError):
+            pass
+        if stop.is_set():
+            break
+    proc.terminate()
+
+
+def replay(fn, seconds: float, calls_per_graph: int = 20):
+    """Replay a CUDA graph of calls_per_graph calls of fn for `seconds`; (ms per call, samples)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls_per_graph):
+            fn()
+    samples: list = []
+    stop = threading.Event()
+    th = threading.Thread(target=sample, args=(stop, samples), daemon=True)
+    th.start()
+    time.sleep(0.5)
+    start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start_ev.record()
+    n = 0
+    while time.perf_counter() - t0 < seconds:
+        g.replay()
+        n += 1
+        if n % 10 == 0:
+            torch.cuda.synchronize()
+    end_ev.record()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    stop.set()
+    th.join(timeout=2)
+    ms = start_ev.elapsed_time(end_ev) / (n * calls_per_graph)
+    mid = [s for s in samples if t0 + 0.25 * (t1 - t0) <= s[0] <= t1 - 0.1 * (t1 - t0)]
+    return ms, mid
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ncu", action="store_true", help="one call of each kernel (the shipped one at its tuned tile), "
+                                                       "no timing: for ncu's counters")
+    ap.add_argument("--group-m", type=int, nargs="*", default=[],
+                    help="also the shipped kernel's tile (128 x 256 x 64, 3 stages) with these GROUP_M tile orders")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gemm_power_probe.py samples a GPU: run it on the device, e.g. "
+                         "run(kind='nvidia-h200', command='python3 scripts/gemm_power_probe.py')")
+    print(torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)
+    G, m, K, N = 8, 2048, 4096, 4096
+    a, b, offs, sizes, ref = grouped_case(G, m, K, N)
+    if args.ncu:      # the autotuner would launch every candidate many times under ncu: its pick, fixed
+        for gm in [8] + args.group_m:
+            check(grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm), ref, torch.bfloat16, K, f"GROUP_M {gm}")
+        torch._grouped_mm(a, b.transpose(1, 2).contiguous().transpose(1, 2), offs=offs)
+        torch.cuda.synchronize()
+        return
+    warm_up()
+    check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, torch.bfloat16, K, "grouped GEMM")
+    fns = {"torch.matmul loop (cuBLAS)": lambda: kernels.grouped_matmul_loop(a, b, sizes),
+           "shipped grouped_matmul (Triton)": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m)}
+    for gm in args.group_m:
+        check(grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm), ref, torch.bfloat16, K, f"GROUP_M {gm}")
+        fns[f"Triton TMA kernel, 128 x 256 x 64, GROUP_M {gm}"] = (
+            lambda gm=gm: grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm))
+    if hasattr(torch, "_grouped_mm"):
+        bt = b.transpose(1, 2).contiguous().transpose(1, 2)
+        fns["torch._grouped_mm (CUTLASS)"] = lambda: torch._grouped_mm(a, bt, offs=offs)
+    flop = 2 * G * m * K * N
+    print(f"| {G} x ({m}x{K}x{N}) bf16 | us per call | TFLOP/s | SM clock MHz | power W (limit) | "
+          "TFLOP/s per GHz | throttle reasons |\n|---|---|---|---|---|---|---|", flush=True)
+    for rnd in range(2):
+        for name, fn in fns.items():
+            ms, mid = replay(fn, 4.0)
+            if not mid:
+                print(f"| {name} | {ms * 1e3:.1f} | no nvidia-smi samples |", flush=True)
+                continue
+            clock = statistics.median(s[1] for s in mid)
+            power = statistics.median(s[2] for s in mid)
+            reasons = sorted({s[4] for s in mid})
+            tf = flop / (ms * 1e-3) / 1e12
+            print(f"| {name} (round {rnd}) | {ms * 1e3:.1f} | {tf:.0f} | {clock:.0f} | {power:.0f} ({mid[0][3]:.0f}) | "
+                  f"{tf / (clock / 1e3):.1f} | {', '.join(reasons)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
