@@ -19,6 +19,7 @@ and the warps' roles are ours. Two kernels:
    the same cycles: every warp of it issues each k-step's loads, barriers and waits.
 
     python scripts/grouped_gluon_probe.py [--round b|c|d|e]   # GPU (sm_90, Gluon); default e
+    git checkout 9df6e77 && python scripts/grouped_gluon_probe.py --round f  # round 8f (stream-K, below)
 
 Answers (H200; logs grouped_gluon_probe_8*.log in docs/device-runs/20261124-lab05-kernels-h200/; every
 config right at the three shapes and on ragged groups with empty ones, the same bits on a second call):
@@ -33,6 +34,17 @@ config right at the three shapes and on ragged groups with empty ones, the same 
   1.04x), 3.67x at 64 x 128 (Triton 3.58x).
 - 8e: kernel 2 1.005x; 256 x 128 tiles 0.97x; 4 stages with stores from registers 0.91x; a 24-register
   producer 0.999x; Triton 0.96x. At 8 x 512 rows 1.085x, at 64 x 128 3.62x.
+- 8f (commit 9df6e77, where utils/grouped_gluon.py had a stream_k option): kernel 2 with a stream-K
+  tail (the remainder tiles, grown by whole waves until a tile has at most three contributors, split by
+  k-steps; a program leaves its later k-steps of a tile in its workspace slot, the tile's first program
+  waits for them, adds them in program order and stores): right on ragged groups, the same bits twice,
+  and slower: 0.981x against 0.995x without at 8 x 2048 rows, 0.95x against 1.09x at 8 x 512, 2.97x
+  against 3.61x at 64 x 128 (grouped_gluon_probe_8f.log). Its fp32 parts through L2 and the wait for
+  them cost more than the half wave it fills, so the shipped kernel has none. An earlier form had the
+  first program start from the parts, loading them into the accumulator: any write to the wgmma
+  accumulator other than the wgmma's own made ptxas serialize every wgmma, 0.89x even without a split
+  (8f_serialized); one in between (a tile split between two programs only, over the last 1-2 waves)
+  0.98x (8f_run1).
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
 group_m, block_m, block_n.)
 """
@@ -242,10 +254,7 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"f": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
-                ("Gluon warp-specialized, stream-K tail", grouped_matmul_ws, dict(stream_k=True)),
-                ("Gluon warp-specialized, stream-K tail, GROUP_M 8", grouped_matmul_ws, dict(stream_k=True, group_m=8))],
-          "e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+ROUNDS = {"e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
                 ("Gluon warp-specialized, 256 x 128", grouped_matmul_ws, dict(block_m=256, block_n=128)),
                 ("Gluon warp-specialized, 4 stages, stores from registers", grouped_matmul_ws,
                  dict(stages=4, tma_store=False)),
@@ -297,7 +306,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="f", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="e", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)

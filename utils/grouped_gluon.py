@@ -37,7 +37,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # the shipped tile (scripts/grouped_gluon_probe.py rounds d-e: 256 x 128 tiles 0.97x, 4 stages with the
 # tile stored from registers 0.91x, GROUP_M 8 0.995x, a 24-register producer 0.999x)
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, COMPUTE_WARPS, GROUP_M, PRODUCER_REGS = 128, 256, 64, 3, 8, 16, 40
-STREAM_K = False
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
@@ -103,64 +102,18 @@ def _tile_count(G, MAX_ROWS, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _work(total, D, k_tiles):
-    """This program's share: n_dp whole tiles (pid, pid + programs, ... below tile D), then its run
-    [sk_lo, sk_hi) of the k-steps of tiles D.. (stream-K: split evenly over the programs), and how many
-    work items that makes (a whole tile, or the part of one tile in the run)."""
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    n_dp = (D - pid + nprog - 1) // nprog
-    S = (total - D) * k_tiles
-    sk_lo = pid * S // nprog
-    sk_hi = (pid + 1) * S // nprog
-    n_sk = gl.where(sk_hi > sk_lo, (sk_hi - 1) // k_tiles - sk_lo // k_tiles + 1, 0)
-    return n_dp, sk_lo, sk_hi, n_dp + n_sk
-
-
-@gluon.jit
-def _item(item, n_dp, sk_lo, sk_hi, D, k_tiles):
-    """Work item `item` of this program: (tile, first k-step, end k-step). Worked out once per item, so
-    its divisions stay out of the k loop."""
-    e = item - n_dp
-    t = sk_lo // k_tiles + e
-    lo = gl.maximum(sk_lo - t * k_tiles, 0)
-    hi = gl.minimum(sk_hi - t * k_tiles, k_tiles)
-    dp = item < n_dp
-    tile = gl.where(dp, gl.program_id(0) + item * gl.num_programs(0), D + t)
-    return tile, gl.where(dp, 0, lo), gl.where(dp, k_tiles, hi)
-
-
-@gluon.jit
-def _partial_ptrs(ws_ptr, slot, layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Where split tile `slot`'s fp32 partial lies in the workspace, in the accumulator's layout."""
-    rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    rn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    return ws_ptr + slot * (BLOCK_M * BLOCK_N) + rm[:, None] * BLOCK_N + rn[None, :]
-
-
-@gluon.jit
-def _flag_lanes(flag_ptr, slot, num_warps: gl.constexpr):
-    """One pointer per thread of the compute warps, all at split tile `slot`'s flag, and a zero per
-    thread (Gluon's atomics take tensors)."""
-    zero = gl.arange(0, 32 * num_warps, layout=gl.BlockedLayout([1], [32], [num_warps], [0])) * 0
-    return flag_ptr + slot + zero, zero
-
-
-@gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, D,
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: every k-step's A and B tiles of this program's work, into the ring, STAGES ahead."""
+    """One warp: every k-step's A and B tiles of this program's tiles, into the ring, STAGES ahead."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, BLOCK_M, BLOCK_N)
     k_tiles = K // BLOCK_K
-    n_dp, sk_lo, sk_hi, n_items = _work(total, D, k_tiles)
     p = 0
-    for item in range(n_items):
-        tile, lo, hi = _item(item, n_dp, sk_lo, sk_hi, D, k_tiles)
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
         g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
-        for k in range(lo, hi):
+        for k in range(k_tiles):
             slot = p % STAGES
             mbarrier.wait(empty.index(slot), ((p // STAGES) & 1) ^ 1)    # the compute warps freed it
             mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
@@ -170,67 +123,36 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, M
 
 
 @gluon.jit
-def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, ws_ptr, flag_ptr, G, N, K, MAX_ROWS, D,
+def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
              GROUP_M: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
     """The default partition (num_warps warps, two warp groups at 8): wait for a stage, its wgmma, free
-    the one before; at a work item's end its epilogue. A stream-K tile is split between two programs:
-    the programs after this one do its later k-steps (each leaves its part in its workspace slot and
-    counts it in: one count per thread that wrote); this one does the first k-steps, last in its run,
-    waits for the parts, adds them in program order (the same bits every run) and stores the tile."""
+    the one before; at a tile's end its epilogue."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-    layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, BLOCK_M, BLOCK_N)
     k_tiles = K // BLOCK_K
-    n_dp, sk_lo, sk_hi, n_items = _work(total, D, k_tiles)
-    acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=layout)
+    acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=_acc_layout(BLOCK_M, BLOCK_N, num_warps))
     c = 0
-    for item in range(n_items):
-        tile, lo, hi = _item(item, n_dp, sk_lo, sk_hi, D, k_tiles)
-        for k in range(lo, hi):
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        for k in range(k_tiles):
             slot = c % STAGES
             mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=k > lo, is_async=True)
+            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=k > 0, is_async=True)
             acc = warpgroup_mma_wait(1, deps=[acc])
-            if k > lo:                                  # the step before is done: its stage is free
+            if k > 0:                                   # the step before is done: its stage is free
                 mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
             c += 1
         acc = warpgroup_mma_wait(0, deps=[acc])
         mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
-        # (acc is written by wgmma alone: any other write to it makes ptxas serialize every wgmma, which
-        # cost 11 % here; so a split tile's sum goes to a new tensor)
-        if lo > 0:                                      # later k-steps of a tile: hand them over
-            gl.store(_partial_ptrs(ws_ptr, gl.program_id(0), layout, BLOCK_M, BLOCK_N), acc)
-            flags, zero = _flag_lanes(flag_ptr, tile - D, num_warps)
-            gl.atomic_add(flags, zero + 1, sem="release", scope="gpu")
-        else:
-            g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N,
-                                                  GROUP_M)
-            Mg = gl.load(offs_ptr + g) - start
-            if hi < k_tiles:                            # the first k-steps: add the next programs' parts
-                S = (total - D) * k_tiles
-                parts = (((tile - D + 1) * k_tiles) * gl.num_programs(0) - 1) // S - gl.program_id(0)
-                flags, zero = _flag_lanes(flag_ptr, tile - D, num_warps)
-                seen = gl.atomic_add(flags, zero, sem="acquire", scope="gpu")
-                while gl.sum((seen != parts * 32 * num_warps).to(gl.int32), axis=0) > 0:
-                    seen = gl.atomic_add(flags, zero, sem="acquire", scope="gpu")
-                nxt = gl.program_id(0) + 1
-                if parts == 1:
-                    out = acc + gl.load(_partial_ptrs(ws_ptr, nxt, layout, BLOCK_M, BLOCK_N))
-                    _store_tile(out, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
-                else:                                   # two (stream_k_start keeps it at most two)
-                    out = (acc + gl.load(_partial_ptrs(ws_ptr, nxt, layout, BLOCK_M, BLOCK_N))
-                           + gl.load(_partial_ptrs(ws_ptr, nxt + 1, layout, BLOCK_M, BLOCK_N)))
-                    _store_tile(out, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
-            else:
-                _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
+        Mg = gl.load(offs_ptr + g) - start
+        _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, flag_ptr, G, N, K, MAX_ROWS, D,
-                       STAGES: gl.constexpr,
+def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
                        GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, TMA_STORE: gl.constexpr,
                        num_warps: gl.constexpr):
     """Persistent and warp-specialized: one producer warp, num_warps compute warps; a ring stage is
@@ -248,32 +170,18 @@ def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, flag_ptr
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, ws_ptr, flag_ptr, G, N, K, MAX_ROWS,
-                    D, GROUP_M, STAGES, TMA_STORE, num_warps)),
-        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, D, GROUP_M, STAGES)),
+        (_compute, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
+                    STAGES, TMA_STORE, num_warps)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, GROUP_M, STAGES)),
     ], [1], [PRODUCER_REGS])
-
-
-def stream_k_start(tiles: int, programs: int, k_tiles: int) -> int:
-    """The first stream-K tile: none (all tiles) when the tiles fill whole waves; else the remainder,
-    grown by whole waves until every program's run is at least half a tile of k-steps, so a tile has at
-    most three contributors (the kernel adds at most two parts)."""
-    if tiles % programs == 0:
-        return tiles
-    first = tiles // programs * programs
-    while first > 0 and (tiles - first) * k_tiles // programs < -(-k_tiles // 2):
-        first -= programs
-    return first if (tiles - first) * k_tiles // programs >= -(-k_tiles // 2) else tiles
 
 
 def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int, block_m: int = BLOCK_M,
                       block_n: int = BLOCK_N, block_k: int = BLOCK_K, stages: int = STAGES,
                       warps: int = COMPUTE_WARPS, group_m: int = GROUP_M, producer_regs: int = PRODUCER_REGS,
-                      tma_store: bool = True, stream_k: bool = STREAM_K) -> torch.Tensor:
+                      tma_store: bool = True) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[...] @ b[g], on an sm_90 GPU. Operands as `kernels.grouped_matmul`
-    checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs are for probes.
-    With stream_k, a split tile's first program waits for the second one's part: the persistent grid
-    (one program per SM) must be resident at once, as on a GPU this call has to itself."""
+    checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs are for probes."""
     G, K, N = b.shape
     dt = GL_DTYPES[a.dtype]
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
@@ -283,13 +191,7 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
     c_desc = TensorDescriptor.from_tensor(c, [block_m, block_n], lay([block_m, block_n], dt))
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max(max_rows, 1), block_m) * triton.cdiv(N, block_n)
-    programs = min(sms, tiles)
-    D = stream_k_start(tiles, programs, K // block_k) if stream_k else tiles
-    # a program's handed-over part and a split tile's count, fresh each call (no state left between calls
-    # or streams)
-    ws = torch.empty((programs if D < tiles else 1, block_m * block_n), device=a.device, dtype=torch.float32)
-    flags = torch.zeros(max(tiles - D, 1), device=a.device, dtype=torch.int32)
-    _grouped_ws_kernel[(programs,)](a_desc, b_desc, c_desc, c, offs, ws, flags, G, N, K, max_rows, D,
-                                    STAGES=stages, GROUP_M=group_m, PRODUCER_REGS=producer_regs,
-                                    TMA_STORE=tma_store, num_warps=warps)
+    _grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
+                                          GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
+                                          num_warps=warps)
     return c
