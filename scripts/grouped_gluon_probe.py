@@ -254,7 +254,10 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+ROUNDS = {"g": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+                ("Gluon warp-specialized, BLOCK_K 32, 6 stages", grouped_matmul_ws, dict(block_k=32, stages=6)),
+                ("Gluon warp-specialized, BLOCK_K 32, 5 stages", grouped_matmul_ws, dict(block_k=32, stages=5))],
+          "e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
                 ("Gluon warp-specialized, 256 x 128", grouped_matmul_ws, dict(block_m=256, block_n=128)),
                 ("Gluon warp-specialized, 4 stages, stores from registers", grouped_matmul_ws,
                  dict(stages=4, tma_store=False)),
@@ -306,7 +309,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="e", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="g", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)

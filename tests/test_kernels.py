@@ -228,16 +228,16 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
     above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages). The one-wave
     candidate on an H200's 132 SMs: 3696 one-warp programs at 72 registers, so split 6 for 592 column
-    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112. With PDL (sm_90+) the one-wave
-    candidate sums a split of 16 or more in the sum kernel, whose one-warp programs (one per 32 columns)
-    must fit beside the GEMV's: its split for 112 column blocks is then 32; the others keep the in-kernel
-    fix-up."""
+    blocks of 32 (a split the 5-group candidate gives too) and 33 for 112. With PDL (sm_90+) the one-warp
+    32-column tiles sum a split of 16 or more in the sum kernel, whose one-warp programs (one per 32
+    columns) must fit beside the GEMV's: the one-wave split for 112 column blocks is then 32; other
+    tiles keep the in-kernel fix-up."""
     monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
     configs = kernels._int4_gemv_tuned.configs
     x = torch.zeros(1)
     cases = (((3584, 18944, False), {6, 7, 14}, set()), ((18944, 3584, False), {30, 33, 37, 50}, set()),
              ((256, 18944, False), {1, 2}, set()), ((3584, 18944, True), {6, 7, 14}, set()),
-             ((18944, 3584, True), {30, 32, 37, 50}, {32}))
+             ((18944, 3584, True), {30, 32, 37, 50}, {30, 32}))
     for (K, N, pdl), want, by_sum_kernel in cases:
         monkeypatch.setattr(kernels, "gemv_pdl", lambda x, pdl=pdl: pdl)
         pruned = kernels._gemv_prune(configs, {"K": K, "N": N, "x_ptr": x}, GROUP=128)

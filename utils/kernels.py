@@ -756,10 +756,13 @@ _GEMV_CONFIGS = [(512, 4, 2, 2), (512, 4, 4, 2), (256, 2, 2, 2), (256, 2, 4, 2),
 # it, 12.2 us at split 28, no better). The autotuner is not asked to choose between the two: given both
 # as candidates and timing one launch at a time (do_bench), it picked the in-kernel split 30 (12.4 us)
 # over the sum kernel at split 32 (11.6 us in the same run's sweep; bench_sum_choice.md). And only the
-# one-wave candidate gets it, the tile it was measured on: given to every candidate of split 16 or more,
-# the autotuner once picked 128 columns, split 50, two stages with the sum kernel at 18944 -> 3584, which
-# then took 16.0 us cold against 11.6 for the one-wave tile (bench_sumall.md, 2026-11-24).
+# tile it was measured on gets it (32 columns, one warp: splits 30 and 32 there). Given to every
+# candidate of split 16 or more, the autotuner once picked 128 columns, split 50, two stages with it at
+# 18944 -> 3584: 16.0 us cold (bench_sumall.md); given to the one-wave candidate alone, it picked the
+# 32-column split 30 with the in-kernel fix-up: 12.4 us (bench_gluon_first.md; 11.6 for split 33 with
+# the sum kernel in the same sweep).
 _GEMV_SUM_MIN_SPLIT = 16
+_GEMV_SUM_TILE = (32, 1)            # (BLOCK_N, num_warps) of the tiles that take the sum kernel
 # Registers of the 32-column one-warp tile compiled for sm_90 by Triton 3.6, which size its one-wave split:
 # 72 in round 15; with round 25's tagged fix-up and its unrolled exact redo 64 at splits 6 and 28 (72 at 32),
 # and 72 at splits 6, 28, 30, 32 and 33 since round 26 (see _gemv_exact). Another compiler or GPU may give another
@@ -831,7 +834,7 @@ def _gemv_prune(configs, named_args, **kwargs):
             split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
             if pdl and split >= _GEMV_SUM_MIN_SPLIT:
                 split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
-        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT and not gpp      # the one-wave tile only
+        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT and (b, w) == _GEMV_SUM_TILE
         key = (b, w, split, c.kwargs["NUM_STAGES"], sum_kernel)
         if key not in seen:
             seen.add(key)
