@@ -262,6 +262,19 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     assert kernels.resident_programs(72, 1, 132) == 3696 and kernels.resident_programs(64, 1, 132) == 4224
 
 
+def test_gemv_hopper_tile_is_the_measured_one_wave_tile():
+    """Qwen2.5-7B's MLP shapes on 132 SMs: split 6 (592 column blocks of 32, 3696 one-warp programs in a
+    wave) with the in-kernel fix-up; split 33 for 112 blocks, 32 with the sum kernel's 112 programs beside
+    it when PDL runs (sm_90), 33 with the in-kernel fix-up when it does not."""
+    assert kernels.gemv_hopper_tile(28, 18944, 132, True) == {
+        "block_n": 32, "num_warps": 1, "num_stages": 1, "split_k": 6, "fixup": "in-kernel"}
+    tile = kernels.gemv_hopper_tile(148, 3584, 132, True)
+    assert (tile["split_k"], tile["fixup"]) == (32, "sum kernel")
+    tile = kernels.gemv_hopper_tile(148, 3584, 132, False)
+    assert (tile["split_k"], tile["fixup"]) == (33, "in-kernel")
+    assert kernels.gemv_hopper_tile(1, 64, 132, True)["split_k"] == 1       # one group: nothing to split
+
+
 def test_int4_gemv_gives_the_same_bits_for_every_num_stages():
     """Pipelining (NUM_STAGES > 1: codes staged in shared memory by cp.async on a GPU) moves data, not
     arithmetic: the sums run in the same order, so the result is bit-identical to the unpipelined one."""

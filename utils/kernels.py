@@ -896,6 +896,23 @@ def _gemv_state(device, key: tuple, sizes) -> tuple[torch.Tensor, torch.Tensor]:
     return _GEMV_STATE[key]
 
 
+def gemv_hopper_tile(ng: int, N: int, sms: int, pdl: bool) -> dict:
+    """The Int4 GEMV tile an sm_90 GPU gets by default (f16x2 dequant): 32 columns on one warp, one
+    stage, the one-wave split of ng groups (with room for the sum kernel's programs when it takes it),
+    and the fix-up that split calls for (the sum kernel from _GEMV_SUM_MIN_SPLIT partials, with PDL).
+    Measured: the fastest tile at both of Qwen2.5-7B's MLP shapes in every cold sweep on the H200 since
+    round 26 (11.6 us each). The autotuner, which times one launch at a time after an L2 flush, picked a
+    slower one in three of the last five benchmarks there (bench_sumall.md, bench_gluon_first.md,
+    bench_autotune_miss.md: 12.4-16.0 us at 18944 -> 3584), so on sm_90 the measured tile is the default."""
+    blocks = triton.cdiv(N, 32)
+    split = _gemv_one_wave_split(ng, blocks, 1, sms)
+    sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT
+    if sum_kernel:
+        split = _gemv_one_wave_split(ng, blocks, 1, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
+    return {"block_n": 32, "num_warps": 1, "num_stages": 1, "split_k": split,
+            "fixup": "sum kernel" if sum_kernel and split > 1 else "in-kernel"}
+
+
 def int4_gemv_dequant(x: torch.Tensor) -> str:
     """Which dequant int4_gemv runs for x: "f16x2" (two weights per instruction, inline PTX, fp16 x on an
     NVIDIA GPU) or "f32" (exact fp32 dequant: the interpreter, ROCm, bf16/fp32 activations)."""
@@ -925,9 +942,10 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     calls for (_GEMV_SUM_MIN_SPLIT); with block_n and split_k given, fixup picks it (default
     "in-kernel"). dequant "f32" is exact; "f16x2" (the default for fp16 x on
     NVIDIA, int4_gemv_dequant) rounds each product and 8-term sum to fp16, about 2^-11 relative, and
-    redoes a column block in "f32" if fp16 overflowed. On a GPU, block_n / split_k / num_warps left
-    None are autotuned per shape; give block_n and split_k to fix them (and num_stages, how many groups
-    of codes are in flight per program; the interpreter ignores it). Call it once (per shape and tile)
+    redoes a column block in "f32" if fp16 overflowed. On an sm_90 GPU with the f16x2 dequant, block_n
+    and split_k left None take the measured tile (gemv_hopper_tile); on other GPUs they, with num_warps,
+    are autotuned per shape. Give block_n and split_k to fix them (and num_stages, how many groups of
+    codes are in flight per program; the interpreter ignores it). Call it once (per shape and tile)
     before capturing it in a CUDA graph: autotuning and the fix-up's state are made outside the graph.
     Not on two streams at once: calls of one shape share that state (_gemv_state).
     """
@@ -953,6 +971,12 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(fixup is None or (fixup in GEMV_FIXUPS and fixed),
            f"fixup must be one of {GEMV_FIXUPS}, given with block_n and split_k (autotuned calls choose their "
            f"own), got {fixup!r}")
+    if (not fixed and dequant == "f16x2" and torch.version.hip is None
+            and torch.cuda.get_device_capability(x.device) == (9, 0)):
+        tile = gemv_hopper_tile(K // group_size, N, _sm_count(str(x.device)), gemv_pdl(x))
+        block_n, split_k, num_warps, num_stages, fixup = (tile[k] for k in ("block_n", "split_k", "num_warps",
+                                                                             "num_stages", "fixup"))
+        fixed = True
     x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
     if x.data_ptr() % 16:
         x = x.clone()                             # f16x2 reads x 16 bytes at a time: 16-byte aligned
