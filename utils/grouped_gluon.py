@@ -18,9 +18,11 @@ which warps do what:
   (GROUP_M row-tiles side by side in a group), so the producer loads the next tile's first stages while
   the compute warps store this one.
 
-Measured on the H200 (scripts/grouped_gluon_probe.py --round d / e): 0.998x / 1.005x the torch.matmul
-loop at 8 x 2048 rows (the Triton TMA kernel 0.96-0.97x in the same runs), 1.08x at 8 x 512 rows, 3.6x at
-64 groups of 128 rows. Needs a Triton with Gluon (3.5+; 3.6 on the lent GPUs); compiled on first use.
+Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-g, scripts/bench_kernels.py): 0.990-1.005x
+the torch.matmul loop at 8 x 2048 rows in seven runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
+in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. A stream-K tail, 256 x
+128 tiles, BLOCK_K 32 and 4 stages with register stores were all slower (the probe's docstring). Needs a
+Triton with Gluon (3.5+; 3.6 on the lent GPUs); compiled on first use.
 Rows of a tile past its group's end (ragged groups) are read (the next group's rows, or TMA's zero
 fill) and never stored: such a tile is written by masked stores from registers instead.
 """
