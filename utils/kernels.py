@@ -247,7 +247,7 @@ _grouped_tma_tuned = triton.autotune(
 
 
 GROUPED_KERNELS = ("gluon", "tma", "pointers")
-_GLUON_BROKEN: list = []        # why the Gluon kernel failed to compile here, once it has (auto then skips it)
+_GLUON_BROKEN: list = []        # why the Gluon kernel failed here, once it has (auto then skips it)
 
 
 def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
@@ -281,7 +281,7 @@ def _why_not_gluon(a: torch.Tensor, b: torch.Tensor) -> str | None:
         except ImportError as exc:
             why = f"this Triton has no usable Gluon ({exc}); Triton 3.5 or newer has it"
     if why is None and _GLUON_BROKEN:
-        why = f"it failed to compile here: {_GLUON_BROKEN[0]}"
+        why = f"it failed here before: {_GLUON_BROKEN[0]}"
     return why
 
 
@@ -338,11 +338,11 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
         try:
             return grouped_gluon.grouped_matmul_ws(a, b, offs, max_rows)
         except Exception as exc:  # noqa: BLE001 - a Triton whose Gluon differs: say so once, use the TMA kernel
-            if kernel == "gluon":
+            if kernel == "gluon" or isinstance(exc, torch.cuda.OutOfMemoryError):
                 raise
             _GLUON_BROKEN.append(f"{type(exc).__name__}: {str(exc)[:200]}")
             import warnings
-            warnings.warn(f"the Gluon grouped GEMM did not compile here ({_GLUON_BROKEN[0]}); using the TMA kernel")
+            warnings.warn(f"the Gluon grouped GEMM failed here ({_GLUON_BROKEN[0]}); using the TMA kernel from now on")
             path = "tma"
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     args = (a, b, c, offs, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2),
