@@ -63,9 +63,9 @@ from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
-from utils.grouped_gluon import GL_DTYPES, _acc_layout, _store_tile, _tile_origin, grouped_matmul_ws  # noqa: E402
+from utils.grouped_gluon import (GL_DTYPES, _acc_layout, _shared_buffers, _store_tile, _tile_origin,  # noqa: E402
+                                 descriptors, grouped_matmul_ws)
 
 
 @gluon.jit
@@ -79,6 +79,21 @@ def _item(item, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles):
     hi = gl.minimum(sk_hi - t * k_tiles, k_tiles)
     dp = item < n_dp
     return gl.where(dp, pid + item * nprog, D + t), gl.where(dp, 0, lo), gl.where(dp, k_tiles, hi)
+
+
+@gluon.jit
+def _advance(p_item, p_k, p_hi, a_row, b_row, off_n, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles, offs_ptr,
+             per_group, num_m, num_n, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """The producer's next k-step; past its item's last one, the next item's first and where its A rows,
+    B rows and columns start."""
+    p_k += 1
+    if p_k == p_hi:
+        p_item += 1
+        tile, p_k, p_hi = _item(p_item, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles)
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
+        a_row = start + off_m
+        b_row = g * K
+    return p_item, p_k, p_hi, a_row, b_row, off_n
 
 
 @gluon.jit
@@ -135,13 +150,7 @@ def _grouped_gluon_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, cnt_p
     through TMA descriptors; tiles D.. are done stream-K (D = all tiles: none)."""
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-    dtype: gl.constexpr = a_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    if TMA_STORE:
-        c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
-    else:
-        c_smem = a_bufs
+    a_bufs, b_bufs, c_smem = _shared_buffers(a_desc, b_desc, c_desc, STAGES, TMA_STORE)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(bars.index(s), count=1)
@@ -171,14 +180,9 @@ def _grouped_gluon_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, cnt_p
     c_k = p_k
     for p in gl.static_range(STAGES - 1):
         _issue(p, total, a_row, b_row, off_n, p_k, a_desc, b_desc, a_bufs, b_bufs, bars, STAGES)
-        p_k += 1
-        if p_k == p_hi:
-            p_item += 1
-            tile, p_k, p_hi = _item(p_item, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles)
-            g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N,
-                                                  GROUP_M)
-            a_row = start + off_m
-            b_row = g * K
+        p_item, p_k, p_hi, a_row, b_row, off_n = _advance(p_item, p_k, p_hi, a_row, b_row, off_n, pid, nprog, n_dp,
+                                                          sk_lo, sk_hi, D, k_tiles, offs_ptr, per_group, num_m,
+                                                          num_n, K, BLOCK_M, BLOCK_N, GROUP_M)
     acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=_acc_layout(BLOCK_M, BLOCK_N, num_warps))
     for i in range(total):
         slot = i % STAGES
@@ -186,14 +190,9 @@ def _grouped_gluon_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, ws_ptr, cnt_p
         acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=c_k != c_lo, is_async=True)
         acc = warpgroup_mma_wait(1, deps=[acc])          # iteration i - 1's wgmma is done: its slot is free
         _issue(i + STAGES - 1, total, a_row, b_row, off_n, p_k, a_desc, b_desc, a_bufs, b_bufs, bars, STAGES)
-        p_k += 1
-        if p_k == p_hi:
-            p_item += 1
-            tile, p_k, p_hi = _item(p_item, pid, nprog, n_dp, sk_lo, sk_hi, D, k_tiles)
-            g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N,
-                                                  GROUP_M)
-            a_row = start + off_m
-            b_row = g * K
+        p_item, p_k, p_hi, a_row, b_row, off_n = _advance(p_item, p_k, p_hi, a_row, b_row, off_n, pid, nprog, n_dp,
+                                                          sk_lo, sk_hi, D, k_tiles, offs_ptr, per_group, num_m,
+                                                          num_n, K, BLOCK_M, BLOCK_N, GROUP_M)
         c_k += 1
         if c_k == c_hi:                                   # the item's last k-step: its epilogue
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -231,12 +230,8 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
     persistent=False: one program per tile (the hardware schedules them), the same kernel otherwise."""
     G, K, N = b.shape
     assert K % BK == 0 and a.is_contiguous() and b.is_contiguous() and a.dtype in GL_DTYPES
-    dt = GL_DTYPES[a.dtype]
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    lay = gl.NVMMASharedLayout.get_default_for
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK], lay([BM, BK], dt))
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [BK, BN], lay([BK, BN], dt))
-    c_desc = TensorDescriptor.from_tensor(c, [BM, BN], lay([BM, BN], dt))
+    a_desc, b_desc, c_desc = descriptors(a, b, c, BM, BN, BK)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max_rows, BM) * triton.cdiv(N, BN)
     programs = min(sms, tiles) if persistent else tiles

@@ -97,6 +97,20 @@ def _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STOR
 
 
 @gluon.jit
+def _shared_buffers(a_desc, b_desc, c_desc, STAGES: gl.constexpr, TMA_STORE: gl.constexpr):
+    """The ring's STAGES A and B tiles, and the tile the TMA store reads (without TMA_STORE none: a_bufs
+    stands in, unused)."""
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    if TMA_STORE:
+        c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
+    else:
+        c_smem = a_bufs
+    return a_bufs, b_bufs, c_smem
+
+
+@gluon.jit
 def _tile_count(G, MAX_ROWS, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     num_m = gl.cdiv(MAX_ROWS, BLOCK_M)
     num_n = gl.cdiv(N, BLOCK_N)
@@ -159,13 +173,7 @@ def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROW
                        num_warps: gl.constexpr):
     """Persistent and warp-specialized: one producer warp, num_warps compute warps; a ring stage is
     handed over by `ready` (its loads landed) and `empty` (its wgmma is done)."""
-    dtype: gl.constexpr = a_desc.dtype
-    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    if TMA_STORE:
-        c_smem = gl.allocate_shared_memory(dtype, c_desc.block_type.shape, c_desc.layout)
-    else:
-        c_smem = a_bufs
+    a_bufs, b_bufs, c_smem = _shared_buffers(a_desc, b_desc, c_desc, STAGES, TMA_STORE)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
@@ -178,6 +186,17 @@ def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROW
     ], [1], [PRODUCER_REGS])
 
 
+def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int):
+    """TMA descriptors of A [rows, K], B viewed as [G*K, N] and C [rows, N], each with its tile's block
+    shape and the widest swizzle that tile allows."""
+    G, K, N = b.shape
+    dt = GL_DTYPES[a.dtype]
+    lay = gl.NVMMASharedLayout.get_default_for
+    return (TensorDescriptor.from_tensor(a, [block_m, block_k], lay([block_m, block_k], dt)),
+            TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n], lay([block_k, block_n], dt)),
+            TensorDescriptor.from_tensor(c, [block_m, block_n], lay([block_m, block_n], dt)))
+
+
 def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int, block_m: int = BLOCK_M,
                       block_n: int = BLOCK_N, block_k: int = BLOCK_K, stages: int = STAGES,
                       warps: int = COMPUTE_WARPS, group_m: int = GROUP_M, producer_regs: int = PRODUCER_REGS,
@@ -185,12 +204,8 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
     """out[offs[g-1]:offs[g]] = a[...] @ b[g], on an sm_90 GPU. Operands as `kernels.grouped_matmul`
     checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs are for probes."""
     G, K, N = b.shape
-    dt = GL_DTYPES[a.dtype]
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    lay = gl.NVMMASharedLayout.get_default_for
-    a_desc = TensorDescriptor.from_tensor(a, [block_m, block_k], lay([block_m, block_k], dt))
-    b_desc = TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n], lay([block_k, block_n], dt))
-    c_desc = TensorDescriptor.from_tensor(c, [block_m, block_n], lay([block_m, block_n], dt))
+    a_desc, b_desc, c_desc = descriptors(a, b, c, block_m, block_n, block_k)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max(max_rows, 1), block_m) * triton.cdiv(N, block_n)
     _grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
