@@ -93,6 +93,19 @@ def test_grouped_kernel_says_why_a_kernel_cannot_run():
         kernels.grouped_matmul(a, b, offs, kernel="tma", config={"BLOCK_M": 16})
 
 
+def test_gluon_grouped_gemm_descriptors_view_b_as_one_matrix():
+    """The Gluon kernel's TMA descriptors (built on the host, so checkable on a CPU): B [G, K, N] is one
+    [G*K, N] matrix whose group g starts at row g*K; each tile's rows are 128-byte swizzled (the widest)."""
+    gg = pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
+    a = torch.zeros(300, 128, dtype=torch.bfloat16)
+    b = torch.zeros(3, 128, 264, dtype=torch.bfloat16)
+    c = torch.zeros(300, 264, dtype=torch.bfloat16)
+    a_desc, b_desc, c_desc = gg.descriptors(a, b, c, gg.BLOCK_M, gg.BLOCK_N, gg.BLOCK_K)
+    assert [list(d.shape) for d in (a_desc, b_desc, c_desc)] == [[300, 128], [384, 264], [300, 264]]
+    assert [d.block_shape for d in (a_desc, b_desc, c_desc)] == [[128, 64], [64, 256], [128, 256]]
+    assert all(d.layout.swizzle_byte_width == 128 for d in (a_desc, b_desc, c_desc))
+
+
 def test_int8_matmul_exact():
     torch.manual_seed(0)
     a = torch.randint(-128, 128, (33, 200), dtype=torch.int8, device=DEVICE)
