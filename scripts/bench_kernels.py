@@ -170,7 +170,7 @@ def grouped_rows(shapes):
         a, b, offs, sizes, ref = grouped_case(G, m, K, N, dt)
         ours = kernels.grouped_kernel(a, b)
         fns = {"loop": lambda: kernels.grouped_matmul_loop(a, b, sizes)}
-        for k in kernels.GROUPED_KERNELS[kernels.GROUPED_KERNELS.index(ours):]:    # ours and the ones after it
+        for k in kernels.grouped_kernels_here(a, b):                # ours (the first) and the slower ones
             check(kernels.grouped_matmul(a, b, offs, max_rows=m, kernel=k), ref, dt, K, f"grouped GEMM ({k})")
             fns[k] = lambda k=k: kernels.grouped_matmul(a, b, offs, max_rows=m, kernel=k)
         t = bench_interleaved(fns)

@@ -5,7 +5,7 @@ power limit there, and does our kernel lose on work per clock or on clocks?
     ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
         -k regex:"nvjet|_grouped_tma|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
 
-Each kernel (the torch.matmul loop, the shipped Triton grouped GEMM, torch._grouped_mm) is replayed from
+Each kernel (the torch.matmul loop, the shipped grouped GEMM, torch._grouped_mm) is replayed from
 a CUDA graph for a few seconds while nvidia-smi samples the SM clock, the power draw and the active
 clock-throttle reasons every 100 ms. The table gives the medians over the samples of the replay's
 middle, the kernel's time per call over the same replays, its TFLOP/s, and TFLOP/s per GHz of SM
@@ -102,7 +102,8 @@ def main():
     warm_up()
     check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, torch.bfloat16, K, "grouped GEMM")
     fns = {"torch.matmul loop (cuBLAS)": lambda: kernels.grouped_matmul_loop(a, b, sizes),
-           "shipped grouped_matmul (Triton)": lambda: kernels.grouped_matmul(a, b, offs, max_rows=m)}
+           f"shipped grouped_matmul ({kernels.grouped_kernel(a, b)})":
+               lambda: kernels.grouped_matmul(a, b, offs, max_rows=m)}
     for gm in args.group_m:
         check(grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm), ref, torch.bfloat16, K, f"GROUP_M {gm}")
         fns[f"Triton TMA kernel, 128 x 256 x 64, GROUP_M {gm}"] = (

@@ -290,12 +290,18 @@ def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> st
     "tma" (Triton, TMA loads) or "pointers" (Triton, pointer loads; everywhere, the interpreter too).
     "auto" is the first of those that can run; a named one that cannot raises ValueError saying why."""
     _check(kernel in ("auto",) + GROUPED_KERNELS, f"kernel must be 'auto' or one of {GROUPED_KERNELS}, got {kernel!r}")
-    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
     if kernel == "auto":
-        return next(k for k in GROUPED_KERNELS if why[k] is None)
+        return grouped_kernels_here(a, b)[0]
+    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
     _check(why[kernel] is None, f"the {kernel} grouped GEMM cannot run here: {why[kernel]}; kernel='auto' picks "
                                 f"one that can")
     return kernel
+
+
+def grouped_kernels_here(a: torch.Tensor, b: torch.Tensor) -> list[str]:
+    """Every grouped GEMM kernel that can run on a and b, fastest first (GROUPED_KERNELS' order)."""
+    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
+    return [k for k in GROUPED_KERNELS if why[k] is None]
 
 
 def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
