@@ -75,7 +75,8 @@ def test_grouped_matmul_every_kernel_that_runs_here_matches_the_loop_on_ragged_g
             ran.append(kernel)
             assert metrics.relative_l2(out, ref) <= metrics.matmul_error_bound(dt, K), (kernel, dt)
             assert torch.equal(out, kernels.grouped_matmul(a, b, offs, kernel=kernel)), (kernel, dt)
-        assert ran[-1] == "pointers" and ran[0] == kernels.grouped_kernel(a, b)
+        assert ran == kernels.grouped_kernels_here(a, b) and ran[0] == kernels.grouped_kernel(a, b)
+        assert ran[-1] == "pointers"
         if gpu and torch.cuda.get_device_capability() == (9, 0):
             assert ran == list(kernels.GROUPED_KERNELS)
 
@@ -84,6 +85,7 @@ def test_grouped_kernel_says_why_a_kernel_cannot_run():
     a, b = torch.randn(8, 64), torch.randn(2, 64, 16)
     offs = kernels.group_offsets([3, 5])
     assert kernels.grouped_kernel(a, b) == "pointers"            # a CPU tensor: only the pointer kernel
+    assert kernels.grouped_kernels_here(a, b) == ["pointers"]
     for kernel, why in (("gluon", "NVIDIA GPU"), ("tma", "NVIDIA GPU")):
         with pytest.raises(ValueError, match=f"the {kernel} grouped GEMM cannot run here: .*{why}"):
             kernels.grouped_matmul(a, b, offs, kernel=kernel)
