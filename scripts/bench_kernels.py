@@ -138,11 +138,8 @@ def gemv_rows(copy_gbps, sweep):
         bf_gbps = (w_bf16.numel() * 2) / (t_bf16 * 1e-3) / 1e9
         gbps = qbytes / (t_q * 1e-3) / 1e9
         best_t, best_cfg = min(timed, key=lambda r: r[0])
-        if torch.cuda.get_device_capability() == (9, 0):          # int4_gemv's default there: a fixed tile
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            default = f"the sm_90 tile {kernels.gemv_hopper_tile(K // 128, N, sms, kernels.gemv_pdl(x))}"
-        else:
-            default = f"autotuned {tuned}"
+        fixed = kernels.int4_gemv_default_tile(x, K, N, 128, kernels.int4_gemv_dequant(x))
+        default = f"the sm_90 tile {fixed}" if fixed else f"autotuned {tuned}"
         rows.append({"kernel": "Triton Int4 GEMV (GPTQ, g=128)", "shape": f"1x{K} -> {N}",
                      "ours": f"{t_q * 1e3:.1f} us, {gbps:.0f} GB/s ({gbps / copy_gbps:.0%} of copy)",
                      "baseline": f"bf16 F.linear {t_bf16 * 1e3:.1f} us ({bf_gbps:.0f} GB/s)",

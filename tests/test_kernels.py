@@ -288,6 +288,10 @@ def test_gemv_hopper_tile_is_the_measured_one_wave_tile():
     tile = kernels.gemv_hopper_tile(148, 3584, 132, False)
     assert (tile["split_k"], tile["fixup"]) == (33, "in-kernel")
     assert kernels.gemv_hopper_tile(1, 64, 132, True)["split_k"] == 1       # one group: nothing to split
+    # 220 column blocks: one wave is split 16, 15 with the sum kernel's room, so the in-kernel fix-up
+    # (below _GEMV_SUM_MIN_SPLIT), as the autotuner's one-wave candidate has it
+    tile = kernels.gemv_hopper_tile(148, 7040, 132, True)
+    assert (tile["split_k"], tile["fixup"]) == (15, "in-kernel")
 
 
 def test_int4_gemv_gives_the_same_bits_for_every_num_stages():

@@ -285,6 +285,11 @@ def _why_not_gluon(a: torch.Tensor, b: torch.Tensor) -> str | None:
     return why
 
 
+def _grouped_refusals(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Each grouped kernel -> why it cannot run on a and b (None: it can)."""
+    return {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
+
+
 def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> str:
     """Which grouped GEMM kernel grouped_matmul runs on a and b: "gluon" (warp-specialized, Hopper),
     "tma" (Triton, TMA loads) or "pointers" (Triton, pointer loads; everywhere, the interpreter too).
@@ -292,15 +297,14 @@ def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> st
     _check(kernel in ("auto",) + GROUPED_KERNELS, f"kernel must be 'auto' or one of {GROUPED_KERNELS}, got {kernel!r}")
     if kernel == "auto":
         return grouped_kernels_here(a, b)[0]
-    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
-    _check(why[kernel] is None, f"the {kernel} grouped GEMM cannot run here: {why[kernel]}; kernel='auto' picks "
-                                f"one that can")
+    why = _grouped_refusals(a, b)[kernel]
+    _check(why is None, f"the {kernel} grouped GEMM cannot run here: {why}; kernel='auto' picks one that can")
     return kernel
 
 
 def grouped_kernels_here(a: torch.Tensor, b: torch.Tensor) -> list[str]:
     """Every grouped GEMM kernel that can run on a and b, fastest first (GROUPED_KERNELS' order)."""
-    why = {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
+    why = _grouped_refusals(a, b)
     return [k for k in GROUPED_KERNELS if why[k] is None]
 
 
@@ -810,6 +814,21 @@ def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int, reser
     return max(1, min(ng, 64, (resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) - reserve) // n_blocks))
 
 
+def _gemv_takes_sum_kernel(split: int, block_n: int, num_warps: int, pdl: bool) -> bool:
+    """The fix-up rule: the sum kernel for the measured tile (_GEMV_SUM_TILE) from _GEMV_SUM_MIN_SPLIT
+    partials, launched with PDL; the in-kernel fix-up otherwise."""
+    return pdl and split >= _GEMV_SUM_MIN_SPLIT and (block_n, num_warps) == _GEMV_SUM_TILE
+
+
+def _gemv_one_wave_tile_split(ng: int, N: int, block_n: int, num_warps: int, sms: int, pdl: bool) -> int:
+    """A tile's one-wave split; where that split gives the tile the sum kernel, the split that leaves room
+    in the wave for the sum kernel's programs (one per _GEMV_SUM_BLOCK columns)."""
+    split = _gemv_one_wave_split(ng, triton.cdiv(N, block_n), num_warps, sms)
+    if _gemv_takes_sum_kernel(split, block_n, num_warps, pdl):
+        split = _gemv_one_wave_split(ng, triton.cdiv(N, block_n), num_warps, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
+    return split
+
+
 def _gemv_fixup_args(block_n: int, num_warps: int, split: int, N: int, ws_off: int = 0, lock_off: int = 0) -> dict:
     """The fix-up's constants for a tile: where its own workspace (split x N words) and counters (one
     per column block) start, and how many partials its last program reads per round trip (POLL_ROWS:
@@ -835,12 +854,9 @@ def _gemv_prune(configs, named_args, **kwargs):
         b, w, gpp = c.kwargs["BLOCK_N"], c.num_warps, c.kwargs["GROUPS_PER_PROGRAM"]
         if gpp:
             split = _gemv_split(ng, gpp)
-        else:   # one wave; with the sum kernel, one wave with its programs beside the GEMV's
-            sms = _sm_count(str(named_args["x_ptr"].device))
-            split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms)
-            if pdl and split >= _GEMV_SUM_MIN_SPLIT:
-                split = _gemv_one_wave_split(ng, triton.cdiv(N, b), w, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
-        sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT and (b, w) == _GEMV_SUM_TILE
+        else:
+            split = _gemv_one_wave_tile_split(ng, N, b, w, _sm_count(str(named_args["x_ptr"].device)), pdl)
+        sum_kernel = _gemv_takes_sum_kernel(split, b, w, pdl)
         key = (b, w, split, c.kwargs["NUM_STAGES"], sum_kernel)
         if key not in seen:
             seen.add(key)
@@ -910,13 +926,10 @@ def gemv_hopper_tile(ng: int, N: int, sms: int, pdl: bool) -> dict:
     round 26 (11.6 us each). The autotuner, which times one launch at a time after an L2 flush, picked a
     slower one in three of the last five benchmarks there (bench_sumall.md, bench_gluon_first.md,
     bench_autotune_miss.md: 12.4-16.0 us at 18944 -> 3584), so on sm_90 the measured tile is the default."""
-    blocks = triton.cdiv(N, 32)
-    split = _gemv_one_wave_split(ng, blocks, 1, sms)
-    sum_kernel = pdl and split >= _GEMV_SUM_MIN_SPLIT
-    if sum_kernel:
-        split = _gemv_one_wave_split(ng, blocks, 1, sms, triton.cdiv(N, _GEMV_SUM_BLOCK))
-    return {"block_n": 32, "num_warps": 1, "num_stages": 1, "split_k": split,
-            "fixup": "sum kernel" if sum_kernel and split > 1 else "in-kernel"}
+    block_n, num_warps = _GEMV_SUM_TILE
+    split = _gemv_one_wave_tile_split(ng, N, block_n, num_warps, sms, pdl)
+    return {"block_n": block_n, "num_warps": num_warps, "num_stages": 1, "split_k": split,
+            "fixup": "sum kernel" if _gemv_takes_sum_kernel(split, block_n, num_warps, pdl) else "in-kernel"}
 
 
 def int4_gemv_dequant(x: torch.Tensor) -> str:
@@ -931,6 +944,14 @@ def gemv_pdl(x: torch.Tensor) -> bool:
     sm_90 or later (Hopper), compiled (not the interpreter), and a Triton that has griddepcontrol."""
     return (x.device.type == "cuda" and torch.version.hip is None and not interpreted() and gdc_wait is not None
             and torch.cuda.get_device_capability(x.device) >= (9, 0))
+
+
+def int4_gemv_default_tile(x: torch.Tensor, K: int, N: int, group_size: int, dequant: str) -> dict | None:
+    """The fixed tile int4_gemv takes when block_n and split_k are left None: gemv_hopper_tile on an
+    sm_90 GPU with the f16x2 dequant; None (autotuned) elsewhere."""
+    if dequant != "f16x2" or torch.version.hip is not None or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return None
+    return gemv_hopper_tile(K // group_size, N, _sm_count(str(x.device)), gemv_pdl(x))
 
 
 GEMV_FIXUPS = ("in-kernel", "sum kernel")
@@ -977,9 +998,8 @@ def int4_gemv(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 128,
     _check(fixup is None or (fixup in GEMV_FIXUPS and fixed),
            f"fixup must be one of {GEMV_FIXUPS}, given with block_n and split_k (autotuned calls choose their "
            f"own), got {fixup!r}")
-    if (not fixed and dequant == "f16x2" and torch.version.hip is None
-            and torch.cuda.get_device_capability(x.device) == (9, 0)):
-        tile = gemv_hopper_tile(K // group_size, N, _sm_count(str(x.device)), gemv_pdl(x))
+    tile = None if fixed else int4_gemv_default_tile(x, K, N, group_size, dequant)
+    if tile is not None:
         block_n, split_k, num_warps, num_stages, fixup = (tile[k] for k in ("block_n", "split_k", "num_warps",
                                                                              "num_stages", "fixup"))
         fixed = True
