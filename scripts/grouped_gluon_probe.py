@@ -64,7 +64,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from utils.grouped_gluon import (GL_DTYPES, _acc_layout, _shared_buffers, _store_tile, _tile_origin,  # noqa: E402
+from utils.grouped_gluon import (GL_DTYPES, grouped_matmul_pair, _acc_layout, _shared_buffers, _store_tile, _tile_origin,  # noqa: E402
                                  descriptors, grouped_matmul_ws)
 
 
@@ -249,7 +249,11 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"g": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+ROUNDS = {"h": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+                ("Gluon pair (2-CTA cluster, B multicast)", grouped_matmul_pair, dict()),
+                ("Gluon pair, GROUP_M 4 pairs", grouped_matmul_pair, dict(group_m=4)),
+                ("Gluon pair, GROUP_M 16 pairs", grouped_matmul_pair, dict(group_m=16))],
+          "g": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
                 ("Gluon warp-specialized, BLOCK_K 32, 6 stages", grouped_matmul_ws, dict(block_k=32, stages=6)),
                 ("Gluon warp-specialized, BLOCK_K 32, 5 stages", grouped_matmul_ws, dict(block_k=32, stages=5))],
           "e": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
@@ -304,7 +308,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="g", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="h", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)

@@ -40,6 +40,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # tile stored from registers 0.91x, GROUP_M 8 0.995x, a 24-register producer 0.999x)
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, COMPUTE_WARPS, GROUP_M, PRODUCER_REGS = 128, 256, 64, 3, 8, 16, 40
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+# TMA's load and store under the names of the Triton at hand (3.6 has only the long ones; later ones
+# renamed them and made the long ones raise)
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 
 @gluon.constexpr_function
@@ -89,7 +93,7 @@ def _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STOR
             tma.store_wait(0)
             c_smem.store(out)
             fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [start + off_m, off_n], c_smem)
+            _tma_store(c_desc, [start + off_m, off_n], c_smem)
         else:
             _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout, BLOCK_M, BLOCK_N)
     else:
@@ -133,8 +137,8 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, M
             slot = p % STAGES
             mbarrier.wait(empty.index(slot), ((p // STAGES) & 1) ^ 1)    # the compute warps freed it
             mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
-            tma.async_copy_global_to_shared(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot))
+            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot))
             p += 1
 
 
@@ -211,4 +215,143 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
     _grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
                                           GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
                                           num_warps=warps)
+    return c
+
+
+# --- the pair kernel: two CTAs of a cluster share B's tile through TMA multicast -----------------------
+#
+# What the cuBLAS loop still had over the kernel above at 8 x 2048 rows: 2-CTA clusters in which one TMA
+# load of B's tile lands in both CTAs' shared memory (multicast), so B crosses L2 once for 256 rows of A
+# instead of twice. Under the H200's 700 W cap, L2 traffic is energy and energy is clock. Gluon emits
+# multicast on Hopper from Triton 3.7-ish on (`tma.async_load(..., multicast=True)`); 3.6, the lent
+# GPUs' own Triton, does not, so `HAS_MULTICAST` says whether this kernel can be built here.
+#
+# One program is a cluster of two CTAs and a PAIR tile of 256 x 256: A's [256 x 64] k-step splits by
+# rows (CTA 0 the first 128, CTA 1 the next), B's [64 x 256] is broadcast (one multicast load, issued by
+# CTA 0, lands in both), C's [256 x 256] splits like A. Hand-offs:
+# - `ready[s]` (each CTA its own): its A and the multicast B of stage s landed;
+# - `mine[s]` (each CTA its own): its compute warps are done with stage s, so its A may be reloaded;
+# - `pair[s]` (one barrier in CTA 0, both CTAs' compute warps arrive): both are done with stage s, so
+#   CTA 0 may multicast the next B into both. Only CTA 0 waits on it.
+
+def _has_multicast() -> bool:
+    import inspect
+    return "multicast" in inspect.signature(tma.async_load).parameters if hasattr(tma, "async_load") else False
+
+
+HAS_MULTICAST = _has_multicast()
+PAIR_BLOCK_M = 2 * BLOCK_M            # the cluster's rows: two CTAs of BLOCK_M
+PAIR_GROUP_M = GROUP_M // 2           # pair tiles side by side: the same 16 CTA row-tiles as above
+
+
+@gluon.jit
+def _pair_producer(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp in each CTA: its own A rows; CTA 0 also the B tile, multicast to both."""
+    PAIR_M: gl.constexpr = a_desc.block_shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_shape[1]
+    num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, PAIR_M, BLOCK_N)
+    k_tiles = K // BLOCK_K
+    p = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, PAIR_M, BLOCK_N, GROUP_M)
+        for k in range(k_tiles):
+            slot = p % STAGES
+            phase = ((p // STAGES) & 1) ^ 1
+            mbarrier.wait(mine.index(slot), phase)      # this CTA's compute warps freed it
+            mbarrier.wait(pair.index(slot), phase)      # CTA 0 only: both CTAs' compute warps freed it
+            mbarrier.expect(ready.index(slot), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
+            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot),
+                           multicast=True)
+            p += 1
+
+
+@gluon.jit
+def _pair_compute(a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Each CTA's compute warps: its 128 rows of the pair tile, handing each stage back to both
+    barriers."""
+    PAIR_M: gl.constexpr = c_desc.block_shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, PAIR_M, BLOCK_N)
+    k_tiles = K // BLOCK_K
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16], cga_layout=[[1, 0]])
+    acc = gl.zeros((PAIR_M, BLOCK_N), gl.float32, layout=acc_layout)
+    c = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        for k in range(k_tiles):
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=k > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])
+            if k > 0:                                   # the step before is done: its stage is free
+                mbarrier.arrive(mine.index((c - 1) % STAGES), count=1)
+                mbarrier.arrive(pair.index((c - 1) % STAGES), count=1)
+            c += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(mine.index((c - 1) % STAGES), count=1)
+        mbarrier.arrive(pair.index((c - 1) % STAGES), count=1)
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, PAIR_M, BLOCK_N, GROUP_M)
+        Mg = gl.load(offs_ptr + g) - start
+        _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, True)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _grouped_pair_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
+                         GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent, warp-specialized, one program a 2-CTA cluster (see the note above)."""
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(dtype, c_desc.block_shape, c_desc.layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    mine = mbarrier.allocate_mbarrier(batch=STAGES)
+    pair = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(mine.index(s), count=1)
+        mbarrier.init(pair.index(s), count=1)       # counted per CTA: two arrivals in all
+    gl.warp_specialize([
+        (_pair_compute, (a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
+                         GROUP_M, STAGES, num_warps)),
+        (_pair_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
+                          STAGES)),
+    ], [1], [PRODUCER_REGS])
+
+
+def pair_descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int):
+    """The pair kernel's TMA descriptors: A's and C's pair tiles split by rows over the two CTAs
+    (cga_layout [[1, 0]]), B's tile broadcast to both ([[0, 0]])."""
+    G, K, N = b.shape
+    dt = GL_DTYPES[a.dtype]
+    lay = gl.NVMMASharedLayout.get_default_for
+    rows, bcast = [[1, 0]], [[0, 0]]
+    pm = 2 * block_m
+    return (TensorDescriptor.from_tensor(a, [pm, block_k], lay([pm, block_k], dt, cga_layout=rows)),
+            TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n],
+                                         lay([block_k, block_n], dt, cga_layout=bcast)),
+            TensorDescriptor.from_tensor(c, [pm, block_n], lay([pm, block_n], dt, cga_layout=rows)))
+
+
+def grouped_matmul_pair(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int,
+                        block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+                        stages: int = STAGES, warps: int = COMPUTE_WARPS, group_m: int = PAIR_GROUP_M,
+                        producer_regs: int = PRODUCER_REGS) -> torch.Tensor:
+    """`grouped_matmul_ws` with B's tiles multicast over 2-CTA clusters (needs HAS_MULTICAST)."""
+    if not HAS_MULTICAST:
+        raise RuntimeError(f"the pair kernel needs a Triton whose Gluon TMA loads multicast (this is "
+                           f"{triton.__version__}); use grouped_matmul_ws")
+    G, K, N = b.shape
+    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
+    a_desc, b_desc, c_desc = pair_descriptors(a, b, c, block_m, block_n, block_k)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    tiles = G * triton.cdiv(max(max_rows, 1), 2 * block_m) * triton.cdiv(N, block_n)
+    _grouped_pair_kernel[(min(sms // 2, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows,
+                                                 STAGES=stages, GROUP_M=group_m, PRODUCER_REGS=producer_regs,
+                                                 num_warps=warps, num_ctas=2)
     return c
