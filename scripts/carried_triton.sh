@@ -25,4 +25,6 @@ fi
 export PYTHONPATH=/tmp/triton-carried${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_PTXAS_PATH=$box_triton/backends/nvidia/bin/ptxas TRITON_PTXAS_BLACKWELL_PATH=$box_triton/backends/nvidia/bin/ptxas
 export TRITON_CACHE_DIR=/tmp/triton-cache-carried TRITON_DEFAULT_FP_FUSION=1
+# backends from the carried tree only: the box's Triton 3.6 registers an AMD backend that is not carried
+export TRITON_BACKENDS_IN_TREE=1
 python3 -c 'import triton; print("carried Triton", triton.__version__, "from", triton.__file__)'

@@ -18,7 +18,8 @@ and the warps' roles are ours. Two kernels:
    at 1485-1500, and ncu counted 103 M instructions for the Triton kernel against 68 M for the loop in
    the same cycles: every warp of it issues each k-step's loads, barriers and waits.
 
-    python scripts/grouped_gluon_probe.py [--round b|c|d|e]   # GPU (sm_90, Gluon); default e
+    python scripts/grouped_gluon_probe.py [--round b|c|d|e|g]   # GPU (sm_90, Gluon); default h:
+    source scripts/carried_triton.sh && python3 scripts/grouped_gluon_probe.py --round h   # Triton > 3.6
     git checkout 9df6e77 && python scripts/grouped_gluon_probe.py --round f  # round 8f (stream-K, below)
 
 Answers (H200; logs grouped_gluon_probe_8*.log in docs/device-runs/20261124-lab05-kernels-h200/; every
@@ -45,6 +46,9 @@ config right at the three shapes and on ragged groups with empty ones, the same 
   accumulator other than the wgmma's own made ptxas serialize every wgmma, 0.89x even without a split
   (8f_serialized); one in between (a tile split between two programs only, over the last 1-2 waves)
   0.98x (8f_run1).
+- 8h (a Triton 3.9 carried to the H200, scripts/carried_triton.sh): a pair kernel, 2-CTA clusters that
+  multicast B's tile to both CTAs, as cuBLAS does: right, and slower, 0.973x against the shipped
+  kernel's 0.988x (the note above `_grouped_pair_kernel`). The shipped kernel ran right under 3.9 too.
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
 group_m, block_m, block_n.)
 """
@@ -64,8 +68,9 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 
-from utils.grouped_gluon import (GL_DTYPES, grouped_matmul_pair, _acc_layout, _shared_buffers, _store_tile, _tile_origin,  # noqa: E402
-                                 descriptors, grouped_matmul_ws)
+from utils.grouped_gluon import (BLOCK_K, BLOCK_M, BLOCK_N, COMPUTE_WARPS, GL_DTYPES, GROUP_M,  # noqa: E402
+                                 PRODUCER_REGS, STAGES, TensorDescriptor, _acc_layout, _shared_buffers,
+                                 _store_tile, _tile_count, _tile_origin, _tma_load, descriptors, grouped_matmul_ws)
 
 
 @gluon.jit
@@ -243,6 +248,149 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
     ws, cnt = _STATE[key]
     _grouped_gluon_kernel[(programs,)](a_desc, b_desc, c_desc, c, offs, ws, cnt, G, N, K, max_rows, D,
                                        STAGES=stages, GROUP_M=GM, TMA_STORE=tma_store, num_warps=warps)
+    return c
+
+
+# --- Round 8h: the pair kernel, two CTAs of a cluster sharing B's tile through TMA multicast -------------
+#
+# What the cuBLAS loop has that the shipped kernel lacks (scripts/gemm_power_probe.py): 2-CTA clusters in
+# which one TMA load of B's tile lands in both CTAs' shared memory, so B crosses L2 once for 256 rows of
+# A instead of twice; under the H200's 700 W cap, L2 traffic is energy and energy is clock. Gluon emits
+# multicast on Hopper only in Tritons newer than 3.6, the lent GPUs' own (`tma.async_load(...,
+# multicast=True)`), so this round runs under a carried Triton 3.9 (scripts/carried_triton.sh).
+#
+# One program is a cluster of two CTAs and a PAIR tile of 256 x 256: A's [256 x 64] k-step splits by
+# rows (CTA 0 the first 128, CTA 1 the next), B's [64 x 256] is broadcast (one multicast load, issued by
+# CTA 0, lands in both), C's [256 x 256] splits like A. Hand-offs:
+# - `ready[s]` (each CTA its own): its A and the multicast B of stage s landed;
+# - `mine[s]` (each CTA its own): its compute warps are done with stage s, so its A may be reloaded;
+# - `pair[s]` (one barrier in CTA 0, both CTAs' compute warps arrive): both are done with stage s, so
+#   CTA 0 may multicast the next B into both. Only CTA 0 waits on it.
+# Answer (H200, Triton 3.9 carried, grouped_gluon_probe_8h.log): right on ragged groups, the same bits
+# twice, and slower: 0.973x the loop at 8 x 2048 rows (GROUP_M 4 / 16 pairs: 0.965x / 0.982x) against
+# 0.988x for the shipped kernel in the same run, 1.04x against 1.09x at 8 x 512, 2.2x against 3.8x at
+# 64 x 128 (half of each 256-row pair tile is past a 128-row group). Halving B's L2 traffic does not
+# pay for CTA 1 waiting on CTA 0's loads and both waiting on the slower of the two every k-step.
+
+def _has_multicast() -> bool:
+    import inspect
+    return "multicast" in inspect.signature(tma.async_load).parameters if hasattr(tma, "async_load") else False
+
+
+HAS_MULTICAST = _has_multicast()
+PAIR_GROUP_M = GROUP_M // 2           # pair tiles side by side: the same 16 CTA row-tiles as above
+
+
+@gluon.jit
+def _pair_producer(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp in each CTA: its own A rows; CTA 0 also the B tile, multicast to both."""
+    PAIR_M: gl.constexpr = a_desc.block_shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_shape[1]
+    num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, PAIR_M, BLOCK_N)
+    k_tiles = K // BLOCK_K
+    p = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, PAIR_M, BLOCK_N, GROUP_M)
+        for k in range(k_tiles):
+            slot = p % STAGES
+            phase = ((p // STAGES) & 1) ^ 1
+            mbarrier.wait(mine.index(slot), phase)      # this CTA's compute warps freed it
+            mbarrier.wait(pair.index(slot), phase)      # CTA 0 only: both CTAs' compute warps freed it
+            mbarrier.expect(ready.index(slot), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
+            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot),
+                           multicast=True)
+            p += 1
+
+
+@gluon.jit
+def _pair_compute(a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    """Each CTA's compute warps: its 128 rows of the pair tile, handing each stage back to both
+    barriers."""
+    PAIR_M: gl.constexpr = c_desc.block_shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_shape[1]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, PAIR_M, BLOCK_N)
+    k_tiles = K // BLOCK_K
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16], cga_layout=[[1, 0]])
+    acc = gl.zeros((PAIR_M, BLOCK_N), gl.float32, layout=acc_layout)
+    c = 0
+    for tile in range(gl.program_id(0), total, gl.num_programs(0)):
+        for k in range(k_tiles):
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=k > 0, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=[acc])
+            if k > 0:                                   # the step before is done: its stage is free
+                mbarrier.arrive(mine.index((c - 1) % STAGES), count=1)
+                mbarrier.arrive(pair.index((c - 1) % STAGES), count=1)
+            c += 1
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        mbarrier.arrive(mine.index((c - 1) % STAGES), count=1)
+        mbarrier.arrive(pair.index((c - 1) % STAGES), count=1)
+        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, PAIR_M, BLOCK_N, GROUP_M)
+        Mg = gl.load(offs_ptr + g) - start
+        _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, True)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _grouped_pair_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
+                         GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent, warp-specialized, one program a 2-CTA cluster (see the note above)."""
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_shape, b_desc.layout)
+    c_smem = gl.allocate_shared_memory(dtype, c_desc.block_shape, c_desc.layout)
+    ready = mbarrier.allocate_mbarrier(batch=STAGES)
+    mine = mbarrier.allocate_mbarrier(batch=STAGES)
+    pair = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=True)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(mine.index(s), count=1)
+        mbarrier.init(pair.index(s), count=1)       # counted per CTA: two arrivals in all
+    gl.warp_specialize([
+        (_pair_compute, (a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
+                         GROUP_M, STAGES, num_warps)),
+        (_pair_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
+                          STAGES)),
+    ], [1], [PRODUCER_REGS])
+
+
+def pair_descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int):
+    """The pair kernel's TMA descriptors: A's and C's pair tiles split by rows over the two CTAs
+    (cga_layout [[1, 0]]), B's tile broadcast to both ([[0, 0]])."""
+    G, K, N = b.shape
+    dt = GL_DTYPES[a.dtype]
+    lay = gl.NVMMASharedLayout.get_default_for
+    rows, bcast = [[1, 0]], [[0, 0]]
+    pm = 2 * block_m
+    return (TensorDescriptor.from_tensor(a, [pm, block_k], lay([pm, block_k], dt, cga_layout=rows)),
+            TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n],
+                                         lay([block_k, block_n], dt, cga_layout=bcast)),
+            TensorDescriptor.from_tensor(c, [pm, block_n], lay([pm, block_n], dt, cga_layout=rows)))
+
+
+def grouped_matmul_pair(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int,
+                        block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+                        stages: int = STAGES, warps: int = COMPUTE_WARPS, group_m: int = PAIR_GROUP_M,
+                        producer_regs: int = PRODUCER_REGS) -> torch.Tensor:
+    """`grouped_matmul_ws` with B's tiles multicast over 2-CTA clusters (needs HAS_MULTICAST)."""
+    if not HAS_MULTICAST:
+        raise RuntimeError(f"the pair kernel needs a Triton whose Gluon TMA loads multicast (this is "
+                           f"{triton.__version__}); use grouped_matmul_ws")
+    G, K, N = b.shape
+    c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
+    a_desc, b_desc, c_desc = pair_descriptors(a, b, c, block_m, block_n, block_k)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    tiles = G * triton.cdiv(max(max_rows, 1), 2 * block_m) * triton.cdiv(N, block_n)
+    _grouped_pair_kernel[(min(sms // 2, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows,
+                                                 STAGES=stages, GROUP_M=group_m, PRODUCER_REGS=producer_regs,
+                                                 num_warps=warps, num_ctas=2)
     return c
 
 

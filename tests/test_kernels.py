@@ -108,6 +108,39 @@ def test_gluon_grouped_gemm_descriptors_view_b_as_one_matrix():
     assert all(d.layout.swizzle_byte_width == 128 for d in (a_desc, b_desc, c_desc))
 
 
+def test_gluon_grouped_gemm_compiles_for_hopper_here(monkeypatch):
+    """The Gluon kernel only runs on an sm_90 GPU, but it compiles on a CPU machine with Triton's own ptxas:
+    a renamed or removed Gluon call (Triton 3.9 turned tma.async_copy_* into raising stubs) fails here,
+    not first on the GPU. What it compiles to is what the design says: warp-specialized (setmaxnreg),
+    TMA loads and store, wgmma, within the H100/H200's 227 KB of shared memory."""
+    gg = pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")     # compiling, not interpreting (Triton 3.6 asks at compile time)
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    try:
+        from triton.backends.nvidia import compiler as _nv  # noqa: F401  (the NVIDIA backend is in the wheel)
+    except ImportError:
+        pytest.skip("this Triton has no NVIDIA backend")
+    import triton
+    lay = gg.gl.NVMMASharedLayout.get_default_for
+
+    def desc(shape):
+        return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl.bfloat16)!r}>"
+    sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
+           "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "N": "i32",
+           "K": "i32", "MAX_ROWS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr", "PRODUCER_REGS": "constexpr",
+           "TMA_STORE": "constexpr", "num_warps": "constexpr"}
+    const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,
+             "num_warps": gg.COMPUTE_WARPS}
+    ck = triton.compile(GluonASTSource(fn=gg._grouped_ws_kernel, signature=sig, constexprs=const),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": gg.COMPUTE_WARPS})
+    ptx = ck.asm["ptx"]
+    for what in ("setmaxnreg", "global.mbarrier::complete_tx::bytes", "wgmma.mma_async",      # TMA loads, wgmma
+                 "cp.async.bulk.tensor.2d.global.shared::cta"):                                   # the TMA store
+        assert what in ptx, what
+    assert ck.metadata.shared <= 227 * 1024
+
+
 def test_int8_matmul_exact():
     torch.manual_seed(0)
     a = torch.randint(-128, 128, (33, 200), dtype=torch.int8, device=DEVICE)
