@@ -301,7 +301,7 @@ def _pair_producer(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, 
             mbarrier.expect(ready.index(slot), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
             _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
             _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot),
-                           multicast=True)
+                      multicast=True)
             p += 1
 
 
