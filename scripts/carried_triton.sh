@@ -3,12 +3,13 @@
 # device tool, without touching the box's torch or Triton: it is unpacked into /tmp/triton-carried and
 # put first on PYTHONPATH for this shell only.
 #
-# Why: Gluon's TMA multicast on Hopper (utils/grouped_gluon.py's pair kernel) needs a Triton past 3.6.
+# Why: Gluon's TMA multicast on Hopper (the pair kernel of scripts/grouped_gluon_probe.py, round h) needs a
+# Triton past 3.6.
 # Triton's wheel is 286 MB and a device call carries 64 MiB with the repo, so scripts/pack_triton.sh
 # packs what an NVIDIA GPU needs (libtriton.so stripped, the Python, libdevice, cuda.h; no AMD backend,
-# no proton) into two xz parts, .triton-carry-a/part-a and .triton-carry-b/part-b, each carried by one call. A first call
-# that carries part-a copies it to /tmp/triton-parts (the machine keeps it while it stays warm, 30 s
-# between calls); the call that carries part-b unpacks both:
+# no proton) into two xz parts, .triton-carry-a/part-a and .triton-carry-b/part-b, each carried by one
+# call. A first call that carries part-a copies it to /tmp/triton-parts (the machine keeps it while it
+# stays warm, 30 s between calls); the call that carries part-b unpacks both:
 #     run(command='source scripts/carried_triton.sh keep && ...', carry=['.triton-carry-a'])
 #     run(command='source scripts/carried_triton.sh && python3 ...', carry=['.triton-carry-b'])
 # and later calls, while the machine is still warm, carry neither.

@@ -18,11 +18,12 @@ which warps do what:
   (GROUP_M row-tiles side by side in a group), so the producer loads the next tile's first stages while
   the compute warps store this one.
 
-Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-g, scripts/bench_kernels.py): 0.990-1.005x
-the torch.matmul loop at 8 x 2048 rows in seven runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
+Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-h, scripts/bench_kernels.py): 0.988-1.005x
+the torch.matmul loop at 8 x 2048 rows in ten runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
 in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. A stream-K tail, 256 x
-128 tiles, BLOCK_K 32 and 4 stages with register stores were all slower (the probe's docstring). Needs a
-Triton with Gluon (3.5+; 3.6 on the lent GPUs); compiled on first use.
+128 tiles, BLOCK_K 32, 4 stages with register stores and 2-CTA clusters that multicast B's tile (round h,
+under Triton 3.9) were all slower (the probe's docstring). Needs a
+Triton with Gluon (3.5+; 3.6 on the lent GPUs, and it ran right under a carried 3.9); compiled on first use.
 Rows of a tile past its group's end (ragged groups) are read (the next group's rows, or TMA's zero
 fill) and never stored: such a tile is written by masked stores from registers instead.
 """
@@ -216,4 +217,3 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
                                           GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
                                           num_warps=warps)
     return c
-
