@@ -108,37 +108,52 @@ def test_gluon_grouped_gemm_descriptors_view_b_as_one_matrix():
     assert all(d.layout.swizzle_byte_width == 128 for d in (a_desc, b_desc, c_desc))
 
 
-def test_gluon_grouped_gemm_compiles_for_hopper_here(monkeypatch):
+_COMPILE_GLUON_FOR_SM90 = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+import utils.grouped_gluon as gg
+lay = gg.gl.NVMMASharedLayout.get_default_for
+desc = lambda shape: f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl.bfloat16)!r}>"
+sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
+       "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "N": "i32",
+       "K": "i32", "MAX_ROWS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr", "PRODUCER_REGS": "constexpr",
+       "TMA_STORE": "constexpr", "num_warps": "constexpr"}
+const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,
+         "num_warps": gg.COMPUTE_WARPS}
+ck = triton.compile(GluonASTSource(fn=gg._grouped_ws_kernel, signature=sig, constexprs=const),
+                    target=GPUTarget("cuda", 90, 32), options={"num_warps": gg.COMPUTE_WARPS})
+print("RESULT " + json.dumps({"ptx": ck.asm["ptx"], "shared": ck.metadata.shared}))
+"""
+
+
+def test_gluon_grouped_gemm_compiles_for_hopper_here(tmp_path):
     """The Gluon kernel only runs on an sm_90 GPU, but it compiles on a CPU machine with Triton's own ptxas:
     a renamed or removed Gluon call (Triton 3.9 turned tma.async_copy_* into raising stubs) fails here,
     not first on the GPU. What it compiles to is what the design says: warp-specialized (setmaxnreg),
-    TMA loads and store, wgmma, within the H100/H200's 227 KB of shared memory."""
-    gg = pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")     # compiling, not interpreting (Triton 3.6 asks at compile time)
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    try:
-        from triton.backends.nvidia import compiler as _nv  # noqa: F401  (the NVIDIA backend is in the wheel)
-    except ImportError:
-        pytest.skip("this Triton has no NVIDIA backend")
-    import triton
-    lay = gg.gl.NVMMASharedLayout.get_default_for
-
-    def desc(shape):
-        return f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl.bfloat16)!r}>"
-    sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
-           "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "N": "i32",
-           "K": "i32", "MAX_ROWS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr", "PRODUCER_REGS": "constexpr",
-           "TMA_STORE": "constexpr", "num_warps": "constexpr"}
-    const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,
-             "num_warps": gg.COMPUTE_WARPS}
-    ck = triton.compile(GluonASTSource(fn=gg._grouped_ws_kernel, signature=sig, constexprs=const),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": gg.COMPUTE_WARPS})
-    ptx = ck.asm["ptx"]
+    TMA loads and store, wgmma, within the H100/H200's 227 KB of shared memory. In a fresh process with
+    the interpreter off (kernels this session interpreted leave Triton's language patched for it) and an
+    empty cache (a cached kernel would hide a change to a Gluon call it makes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
+    pytest.importorskip("triton.backends.nvidia.compiler", reason="this Triton has no NVIDIA backend")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path),    # compiled afresh, not cached
+               PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-c", _COMPILE_GLUON_FOR_SM90], cwd=root, env=env, capture_output=True,
+                         text=True, timeout=240)
+    line = next((x for x in run.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, run.stderr[-3000:]
+    got = json.loads(line[len("RESULT "):])
     for what in ("setmaxnreg", "global.mbarrier::complete_tx::bytes", "wgmma.mma_async",      # TMA loads, wgmma
                  "cp.async.bulk.tensor.2d.global.shared::cta"):                                   # the TMA store
-        assert what in ptx, what
-    assert ck.metadata.shared <= 227 * 1024
+        assert what in got["ptx"], what
+    assert got["shared"] <= 227 * 1024
 
 
 def test_int8_matmul_exact():
