@@ -269,10 +269,11 @@ def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
     return None
 
 
-def _why_not_gluon(a: torch.Tensor, b: torch.Tensor) -> str | None:
-    """Why the warp-specialized Gluon kernel (utils.grouped_gluon) cannot run here (None: it can):
-    the TMA kernel's conditions, wgmma (sm_90 exactly), and a Triton with Gluon."""
-    why = _why_not_tma(a, b)
+def _why_not_gluon(a: torch.Tensor, why_not_tma: str | None) -> str | None:
+    """Why the warp-specialized Gluon kernel (utils.grouped_gluon) cannot run here (None: it can): the
+    TMA kernel's conditions (why_not_tma, _why_not_tma's answer for the same operands), wgmma (sm_90
+    exactly), and a Triton with Gluon."""
+    why = why_not_tma
     if why is None and torch.cuda.get_device_capability(a.device) != (9, 0):
         why = "it needs an sm_90 GPU (Hopper's wgmma)"
     if why is None:
@@ -287,7 +288,8 @@ def _why_not_gluon(a: torch.Tensor, b: torch.Tensor) -> str | None:
 
 def _grouped_refusals(a: torch.Tensor, b: torch.Tensor) -> dict:
     """Each grouped kernel -> why it cannot run on a and b (None: it can)."""
-    return {"gluon": _why_not_gluon(a, b), "tma": _why_not_tma(a, b), "pointers": None}
+    why_not_tma = _why_not_tma(a, b)
+    return {"gluon": _why_not_gluon(a, why_not_tma), "tma": why_not_tma, "pointers": None}
 
 
 def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> str:
