@@ -3,7 +3,7 @@ power limit there, and does our kernel lose on work per clock or on clocks?
 
     python scripts/gemm_power_probe.py      # GPU with nvidia-smi; prints a markdown table
     ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
-        -k regex:"nvjet|_grouped_tma|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
+        -k regex:"nvjet|_grouped|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
 
 Each kernel (the torch.matmul loop, the shipped grouped GEMM, torch._grouped_mm) is replayed from
 a CUDA graph for a few seconds while nvidia-smi samples the SM clock, the power draw and the active
@@ -82,8 +82,8 @@ def replay(fn, seconds: float, calls_per_graph: int = 20):
 def main():
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ncu", action="store_true", help="one call of each kernel (the shipped one at its tuned tile), "
-                                                       "no timing: for ncu's counters")
+    ap.add_argument("--ncu", action="store_true", help="one call of each kernel (the Triton TMA kernel at its tuned "
+                                                       "tile, the shipped one), no timing: for ncu's counters")
     ap.add_argument("--group-m", type=int, nargs="*", default=[],
                     help="also the shipped kernel's tile (128 x 256 x 64, 3 stages) with these GROUP_M tile orders")
     args = ap.parse_args()
@@ -96,6 +96,8 @@ def main():
     if args.ncu:      # the autotuner would launch every candidate many times under ncu: its pick, fixed
         for gm in [8] + args.group_m:
             check(grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm), ref, torch.bfloat16, K, f"GROUP_M {gm}")
+        check(kernels.grouped_matmul(a, b, offs, max_rows=m), ref, torch.bfloat16, K,
+              f"shipped grouped_matmul ({kernels.grouped_kernel(a, b)})")
         torch._grouped_mm(a, b.transpose(1, 2).contiguous().transpose(1, 2), offs=offs)
         torch.cuda.synchronize()
         return
