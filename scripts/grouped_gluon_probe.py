@@ -18,9 +18,10 @@ and the warps' roles are ours. Two kernels:
    at 1485-1500, and ncu counted 103 M instructions for the Triton kernel against 68 M for the loop in
    the same cycles: every warp of it issues each k-step's loads, barriers and waits.
 
-    python scripts/grouped_gluon_probe.py [--round b|c|d|e|g|i]   # GPU (sm_90, Gluon); default j:
-    source scripts/carried_triton.sh && python3 scripts/grouped_gluon_probe.py --round h|j   # Triton > 3.6
+    python scripts/grouped_gluon_probe.py [--round b|c|d|e|g]   # GPU (sm_90, Gluon); default h:
+    source scripts/carried_triton.sh && python3 scripts/grouped_gluon_probe.py --round h   # Triton > 3.6
     git checkout 9df6e77 && python scripts/grouped_gluon_probe.py --round f  # round 8f (stream-K, below)
+    git checkout 7dd2f38 && python3 scripts/grouped_gluon_probe.py --round i  # 8i; 8j: --round j, as h
 
 Answers (H200; logs grouped_gluon_probe_8*.log in docs/device-runs/20261124-lab05-kernels-h200/; every
 config right at the three shapes and on ragged groups with empty ones, the same bits on a second call):
@@ -49,12 +50,12 @@ config right at the three shapes and on ragged groups with empty ones, the same 
 - 8h (a Triton 3.9 carried to the H200, scripts/carried_triton.sh): a pair kernel, 2-CTA clusters that
   multicast B's tile to both CTAs, as cuBLAS does: right, and slower, 0.973x against the shipped
   kernel's 0.988x (the note above `_grouped_pair_kernel`). The shipped kernel ran right under 3.9 too.
-- 8i (commit KNOBS, where grouped_matmul_ws had an epilogue_n knob): 4 stages, made room for by storing
+- 8i (commit 7dd2f38, where grouped_matmul_ws had an epilogue_n knob): 4 stages, made room for by storing
   C as two 128-wide TMA stores through a 32 KB c_smem (224 KB of shared memory in all), as cuBLAS's
   kernel has 4: 0.996x against 1.004x for the shipped config in the same run; the two stores alone
   (3 stages) 1.003x; 4 stages with GROUP_M 8 0.996x. At 8 x 512 rows 1.085x against 1.081x, at 64 x 128
   3.33x against 3.64x (grouped_gluon_probe_8i.log).
-- 8j (commit KNOBS, an l2_hints knob; a Triton 3.9 carried, whose TMA copies take an L2 eviction hint,
+- 8j (commit 7dd2f38, an l2_hints knob; a Triton 3.9 carried, whose TMA copies take an L2 eviction hint,
   3.6's none): A evict_last, C evict_first, both, and B evict_first too: 0.985-0.994x against 0.986x
   without hints in the same run, and no gain at 8 x 512 or 64 x 128 (grouped_gluon_probe_8j.log).
 Why these rounds end level (scripts/gemm_power_probe.py, gemm_power_probe_gluon.log and the ncu files):
@@ -411,20 +412,7 @@ def grouped_matmul_pair(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ma
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"j": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
-                ("Gluon warp-specialized, A evict_last", grouped_matmul_ws, dict(l2_hints=("evict_last", "", ""))),
-                ("Gluon warp-specialized, C evict_first", grouped_matmul_ws, dict(l2_hints=("", "", "evict_first"))),
-                ("Gluon warp-specialized, A evict_last, C evict_first", grouped_matmul_ws,
-                 dict(l2_hints=("evict_last", "", "evict_first"))),
-                ("Gluon warp-specialized, A evict_last, B and C evict_first", grouped_matmul_ws,
-                 dict(l2_hints=("evict_last", "evict_first", "evict_first")))],
-          "i": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
-                ("Gluon warp-specialized, 4 stages, two 128-wide TMA stores", grouped_matmul_ws,
-                 dict(stages=4, epilogue_n=128)),
-                ("Gluon warp-specialized, two 128-wide TMA stores", grouped_matmul_ws, dict(epilogue_n=128)),
-                ("Gluon warp-specialized, 4 stages, two 128-wide TMA stores, GROUP_M 8", grouped_matmul_ws,
-                 dict(stages=4, epilogue_n=128, group_m=8))],
-          "h": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+ROUNDS = {"h": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
                 ("Gluon pair (2-CTA cluster, B multicast)", grouped_matmul_pair, dict()),
                 ("Gluon pair, GROUP_M 4 pairs", grouped_matmul_pair, dict(group_m=4)),
                 ("Gluon pair, GROUP_M 16 pairs", grouped_matmul_pair, dict(group_m=16))],
@@ -483,7 +471,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="j", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="h", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)

@@ -119,9 +119,9 @@ desc = lambda shape: f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl
 sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
        "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "N": "i32",
        "K": "i32", "MAX_ROWS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr", "PRODUCER_REGS": "constexpr",
-       "TMA_STORE": "constexpr", "A_L2": "constexpr", "B_L2": "constexpr", "C_L2": "constexpr", "num_warps": "constexpr"}
+       "TMA_STORE": "constexpr", "num_warps": "constexpr"}
 const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,
-         "A_L2": "", "B_L2": "", "C_L2": "", "num_warps": gg.COMPUTE_WARPS}
+         "num_warps": gg.COMPUTE_WARPS}
 ck = triton.compile(GluonASTSource(fn=gg._grouped_ws_kernel, signature=sig, constexprs=const),
                     target=GPUTarget("cuda", 90, 32), options={"num_warps": gg.COMPUTE_WARPS})
 print("RESULT " + json.dumps({"ptx": ck.asm["ptx"], "shared": ck.metadata.shared}))

@@ -18,18 +18,19 @@ which warps do what:
   (GROUP_M row-tiles side by side in a group), so the producer loads the next tile's first stages while
   the compute warps store this one.
 
-Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-h, scripts/bench_kernels.py): 0.988-1.005x
-the torch.matmul loop at 8 x 2048 rows in ten runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
-in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. A stream-K tail, 256 x
-128 tiles, BLOCK_K 32, 4 stages with register stores and 2-CTA clusters that multicast B's tile (round h,
-under Triton 3.9) were all slower (the probe's docstring). Needs a
+Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-j, scripts/bench_kernels.py): 0.986-1.008x
+the torch.matmul loop at 8 x 2048 rows in twelve runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
+in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. Level because the H200
+is held at its 700 W cap there: this kernel does 2.5 % more work per clock than cuBLAS and runs 2.3 %
+slower clocks, moving the same data (scripts/gemm_power_probe.py). A stream-K tail, 256 x 128 tiles,
+BLOCK_K 32, 4 stages (with register stores, or with C stored in two halves), 2-CTA clusters that
+multicast B's tile and L2 eviction hints (rounds h and j, under Triton 3.9) were all slower or level
+(the probe's docstring). Needs a
 Triton with Gluon (3.5+; 3.6 on the lent GPUs, and it ran right under a carried 3.9); compiled on first use.
 Rows of a tile past its group's end (ragged groups) are read (the next group's rows, or TMA's zero
 fill) and never stored: such a tile is written by masked stores from registers instead.
 """
 from __future__ import annotations
-
-import inspect
 
 import torch
 import triton
@@ -47,24 +48,6 @@ GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # renamed them and made the long ones raise)
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-# L2 eviction hints on TMA loads and stores: Tritons past 3.6 take a cache_policy, 3.6 none
-HAS_L2_HINTS = "cache_policy" in inspect.signature(_tma_load).parameters
-
-
-@gluon.constexpr_function
-def _l2_policy(eviction):
-    """The cache_policy of a TMA copy hinted `eviction` ("evict_first", "evict_last")."""
-    from triton.language.core import _CachePolicy
-    return _CachePolicy(eviction_policy=eviction)
-
-
-@gluon.jit
-def _load(desc, coord, bar, buf, L2: gl.constexpr = ""):
-    """A TMA load, with the L2 eviction hint L2 ("" none)."""
-    if L2 == "":
-        _tma_load(desc, coord, bar, buf)
-    else:
-        _tma_load(desc, coord, bar, buf, cache_policy=_l2_policy(L2))
 
 
 @gluon.constexpr_function
@@ -101,38 +84,20 @@ def _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout: gl.constexpr, 
 
 
 @gluon.jit
-def _tma_store_part(part, c_desc, c_smem, row, col, L2: gl.constexpr = ""):
-    """One TMA store of `part` through c_smem, once the store before it has read c_smem; L2 as `_load`'s."""
-    tma.store_wait(0)
-    c_smem.store(part)
-    fence_async_shared()
-    if L2 == "":
-        _tma_store(c_desc, [row, col], c_smem)
-    else:
-        _tma_store(c_desc, [row, col], c_smem, cache_policy=_l2_policy(L2))
-
-
-@gluon.jit
-def _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE: gl.constexpr,
-                C_L2: gl.constexpr = ""):
-    """A tile inside its group, with TMA_STORE: TMA stores from shared memory, the last left to finish in
-    the background (waited for before c_smem is written again); one store of the whole tile, or, where
-    c_desc's block is half the tile's width (a smaller c_smem, room for a ring stage more), two. Otherwise,
-    or a tile past its group's end: masked stores from registers."""
-    BLOCK_M: gl.constexpr = acc.type.shape[0]
-    BLOCK_N: gl.constexpr = acc.type.shape[1]
-    EPILOGUE_N: gl.constexpr = c_desc.block_type.shape[1]
+def _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE: gl.constexpr):
+    """A tile inside its group, with TMA_STORE: one TMA store from shared memory, left to finish in the
+    background (waited for before c_smem is written again). Otherwise, or a tile past its group's end:
+    masked stores from registers."""
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     out = acc.to(c_desc.dtype)
     layout: gl.constexpr = acc.type.layout
     if TMA_STORE:
         if off_m + BLOCK_M <= Mg:
-            if EPILOGUE_N == BLOCK_N:
-                _tma_store_part(out, c_desc, c_smem, start + off_m, off_n, C_L2)
-            else:
-                gl.static_assert(2 * EPILOGUE_N == BLOCK_N, "the epilogue stores the tile whole or in halves")
-                left, right = out.reshape([BLOCK_M, 2, EPILOGUE_N]).permute((0, 2, 1)).split()
-                _tma_store_part(left, c_desc, c_smem, start + off_m, off_n, C_L2)
-                _tma_store_part(right, c_desc, c_smem, start + off_m, off_n + EPILOGUE_N, C_L2)
+            tma.store_wait(0)
+            c_smem.store(out)
+            fence_async_shared()
+            _tma_store(c_desc, [start + off_m, off_n], c_smem)
         else:
             _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout, BLOCK_M, BLOCK_N)
     else:
@@ -162,9 +127,8 @@ def _tile_count(G, MAX_ROWS, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_L2: gl.constexpr, B_L2: gl.constexpr):
-    """One warp: every k-step's A and B tiles of this program's tiles, into the ring, STAGES ahead (with
-    the L2 eviction hints A_L2 and B_L2, "" none)."""
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: every k-step's A and B tiles of this program's tiles, into the ring, STAGES ahead."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
@@ -177,19 +141,18 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, M
             slot = p % STAGES
             mbarrier.wait(empty.index(slot), ((p // STAGES) & 1) ^ 1)    # the compute warps freed it
             mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            _load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot), A_L2)
-            _load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot), B_L2)
+            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot))
             p += 1
 
 
 @gluon.jit
 def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
-             GROUP_M: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr, C_L2: gl.constexpr,
-             num_warps: gl.constexpr):
+             GROUP_M: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
     """The default partition (num_warps warps, two warp groups at 8): wait for a stage, its wgmma, free
     the one before; at a tile's end its epilogue."""
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
-    BLOCK_N: gl.constexpr = b_bufs.type.shape[2]
+    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, BLOCK_M, BLOCK_N)
     k_tiles = K // BLOCK_K
@@ -208,14 +171,14 @@ def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N
         mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
         g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
         Mg = gl.load(offs_ptr + g) - start
-        _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE, C_L2)
+        _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
     tma.store_wait(0)
 
 
 @gluon.jit
 def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
                        GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, TMA_STORE: gl.constexpr,
-                       A_L2: gl.constexpr, B_L2: gl.constexpr, C_L2: gl.constexpr, num_warps: gl.constexpr):
+                       num_warps: gl.constexpr):
     """Persistent and warp-specialized: one producer warp, num_warps compute warps; a ring stage is
     handed over by `ready` (its loads landed) and `empty` (its wgmma is done)."""
     a_bufs, b_bufs, c_smem = _shared_buffers(a_desc, b_desc, c_desc, STAGES, TMA_STORE)
@@ -226,41 +189,34 @@ def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROW
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
         (_compute, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
-                    STAGES, TMA_STORE, C_L2, num_warps)),
-        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, GROUP_M, STAGES,
-                     A_L2, B_L2)),
+                    STAGES, TMA_STORE, num_warps)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, GROUP_M, STAGES)),
     ], [1], [PRODUCER_REGS])
 
 
-def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int,
-                epilogue_n: int | None = None):
+def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int):
     """TMA descriptors of A [rows, K], B viewed as [G*K, N] and C [rows, N], each with its tile's block
-    shape (C's epilogue_n wide, default the tile's) and the widest swizzle that tile allows."""
+    shape and the widest swizzle that tile allows."""
     G, K, N = b.shape
     dt = GL_DTYPES[a.dtype]
     lay = gl.NVMMASharedLayout.get_default_for
-    c_block = [block_m, epilogue_n or block_n]
     return (TensorDescriptor.from_tensor(a, [block_m, block_k], lay([block_m, block_k], dt)),
             TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n], lay([block_k, block_n], dt)),
-            TensorDescriptor.from_tensor(c, c_block, lay(c_block, dt)))
+            TensorDescriptor.from_tensor(c, [block_m, block_n], lay([block_m, block_n], dt)))
 
 
 def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int, block_m: int = BLOCK_M,
                       block_n: int = BLOCK_N, block_k: int = BLOCK_K, stages: int = STAGES,
                       warps: int = COMPUTE_WARPS, group_m: int = GROUP_M, producer_regs: int = PRODUCER_REGS,
-                      tma_store: bool = True, epilogue_n: int | None = None,
-                      l2_hints: tuple[str, str, str] = ("", "", "")) -> torch.Tensor:
+                      tma_store: bool = True) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[...] @ b[g], on an sm_90 GPU. Operands as `kernels.grouped_matmul`
     checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs are for probes."""
-    if any(l2_hints) and not HAS_L2_HINTS:
-        raise ValueError(f"l2_hints {l2_hints}: this Triton ({triton.__version__}) has no L2 hints on TMA copies "
-                         "(they came after 3.6); leave them empty")
     G, K, N = b.shape
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc, b_desc, c_desc = descriptors(a, b, c, block_m, block_n, block_k, epilogue_n)
+    a_desc, b_desc, c_desc = descriptors(a, b, c, block_m, block_n, block_k)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max(max_rows, 1), block_m) * triton.cdiv(N, block_n)
     _grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
                                           GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
-                                          A_L2=l2_hints[0], B_L2=l2_hints[1], C_L2=l2_hints[2], num_warps=warps)
+                                          num_warps=warps)
     return c
