@@ -59,9 +59,9 @@ config right at the three shapes and on ragged groups with empty ones, the same 
   3.6's none): A evict_last, C evict_first, both, and B evict_first too: 0.985-0.994x against 0.986x
   without hints in the same run, and no gain at 8 x 512 or 64 x 128 (grouped_gluon_probe_8j.log).
 Why these rounds end level (scripts/gemm_power_probe.py, gemm_power_probe_gluon.log and the ncu files):
-under the H200's 700 W cap the shipped kernel does 2.5 % more work per clock than the cuBLAS loop (445-447
+under the H200's 700 W cap the shipped kernel does 2-3 % more work per clock than the cuBLAS loop (445-447
 against 435-436 TFLOP/s per GHz; at ncu's fixed clock 1.133 M cycles against 1.182 M for the loop's
-eight launches) and runs 2.3 % slower clocks (1492 against 1522-1530 MHz): the same energy per flop.
+eight launches) and runs 2-2.5 % slower clocks (1492 against 1522-1530 MHz): the same energy per flop.
 What sets the time there is energy, and the data the two move is the same to within 10 % (DRAM 650 against
 681 MB read, L2 4.09 against 3.97 GB).
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for

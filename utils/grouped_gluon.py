@@ -21,7 +21,7 @@ which warps do what:
 Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-j, scripts/bench_kernels.py): 0.986-1.008x
 the torch.matmul loop at 8 x 2048 rows in thirteen runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
 in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. Level because the H200
-is held at its 700 W cap there: this kernel does 2.5 % more work per clock than cuBLAS and runs 2.3 %
+is held at its 700 W cap there: this kernel does 2-3 % more work per clock than cuBLAS and runs 2-2.5 %
 slower clocks, moving the same data (scripts/gemm_power_probe.py). A stream-K tail, 256 x 128 tiles,
 BLOCK_K 32, 4 stages (with register stores, or with C stored in two halves), 2-CTA clusters that
 multicast B's tile and L2 eviction hints (rounds h and j, under Triton 3.9) were all slower or level
