@@ -18,8 +18,8 @@ and the warps' roles are ours. Two kernels:
    at 1485-1500, and ncu counted 103 M instructions for the Triton kernel against 68 M for the loop in
    the same cycles: every warp of it issues each k-step's loads, barriers and waits.
 
-    python scripts/grouped_gluon_probe.py [--round b|c|d|e|g]   # GPU (sm_90, Gluon); default h:
-    source scripts/carried_triton.sh && python3 scripts/grouped_gluon_probe.py --round h   # Triton > 3.6
+    python scripts/grouped_gluon_probe.py [--round b|c|d|e|g]   # GPU (sm_90, Gluon); default k:
+    source scripts/carried_triton.sh && python3 scripts/grouped_gluon_probe.py --round h|k   # Triton > 3.6
     git checkout 9df6e77 && python scripts/grouped_gluon_probe.py --round f  # round 8f (stream-K, below)
     git checkout 7dd2f38 && python3 scripts/grouped_gluon_probe.py --round i  # 8i; 8j: --round j, as h
 
@@ -58,12 +58,17 @@ config right at the three shapes and on ragged groups with empty ones, the same 
 - 8j (commit 7dd2f38, an l2_hints knob; a Triton 3.9 carried, whose TMA copies take an L2 eviction hint,
   3.6's none): A evict_last, C evict_first, both, and B evict_first too: 0.985-0.994x against 0.986x
   without hints in the same run, and no gain at 8 x 512 or 64 x 128 (grouped_gluon_probe_8j.log).
+- 8k (a Triton 3.9 carried, as 8h): the pair kernel sharing A's tile instead (pair tiles of 128 x 512,
+  B's and C's split by columns, A multicast by CTA 0: a more even split of the loads than 8h's): right
+  on ragged groups, the same bits twice, and slower: 0.973x (GROUP_M 8 0.953x) against 0.992x for 8h's
+  pair and 0.997x for the shipped kernel in the same run; 1.03x against 1.09x at 8 x 512; level at
+  64 x 128 (3.73x against 3.76x), where 8h's 256-row pair tiles lose half (grouped_gluon_probe_8k.log).
 Why these rounds end level (scripts/gemm_power_probe.py, gemm_power_probe_gluon.log and the ncu files):
 under the H200's 700 W cap the shipped kernel does 2-3 % more work per clock than the cuBLAS loop (445-447
 against 435-436 TFLOP/s per GHz; at ncu's fixed clock 1.133 M cycles against 1.182 M for the loop's
 eight launches) and runs 2-2.5 % slower clocks (1492 against 1522-1530 MHz): the same energy per flop.
 What sets the time there is energy, and the data the two move is the same to within 10 % (DRAM 650 against
-681 MB read, L2 4.09 against 3.97 GB).
+681 MB read, L2 4.09 against 3.97 GB); cutting it with multicast (8h, 8k) or hints (8j) did not gain.
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
 group_m, block_m, block_n.)
 """
@@ -296,10 +301,21 @@ HAS_MULTICAST = _has_multicast()
 PAIR_GROUP_M = GROUP_M // 2           # pair tiles side by side: the same 16 CTA row-tiles as above
 
 
+@gluon.constexpr_function
+def _pair_acc_layout(pair_n, num_warps, share_a):
+    """The pair's wgmma accumulator: each CTA 128 rows (share_a: all 128 rows, half the pair's columns)."""
+    if share_a:
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                         instr_shape=[16, pair_n // 2, 16], cga_layout=[[0, 1]])
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, pair_n, 16],
+                                     cga_layout=[[1, 0]])
+
+
 @gluon.jit
 def _pair_producer(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """One warp in each CTA: its own A rows; CTA 0 also the B tile, multicast to both."""
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, SHARE_A: gl.constexpr):
+    """One warp in each CTA: its own part of the operand the pair splits; CTA 0 also the shared one
+    (B's tile, or A's with SHARE_A), multicast to both."""
     PAIR_M: gl.constexpr = a_desc.block_shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_shape[1]
@@ -314,24 +330,24 @@ def _pair_producer(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, 
             mbarrier.wait(mine.index(slot), phase)      # this CTA's compute warps freed it
             mbarrier.wait(pair.index(slot), phase)      # CTA 0 only: both CTAs' compute warps freed it
             mbarrier.expect(ready.index(slot), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta)
-            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
+            _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot),
+                      multicast=SHARE_A)
             _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot),
-                      multicast=True)
+                      multicast=not SHARE_A)
             p += 1
 
 
 @gluon.jit
 def _pair_compute(a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-    """Each CTA's compute warps: its 128 rows of the pair tile, handing each stage back to both
-    barriers."""
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, SHARE_A: gl.constexpr, num_warps: gl.constexpr):
+    """Each CTA's compute warps: its 128 x 256 of the pair tile (its rows; with SHARE_A its columns),
+    handing each stage back to both barriers."""
     PAIR_M: gl.constexpr = c_desc.block_shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, PAIR_M, BLOCK_N)
     k_tiles = K // BLOCK_K
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BLOCK_N, 16], cga_layout=[[1, 0]])
+    acc_layout: gl.constexpr = _pair_acc_layout(BLOCK_N, num_warps, SHARE_A)
     acc = gl.zeros((PAIR_M, BLOCK_N), gl.float32, layout=acc_layout)
     c = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
@@ -355,7 +371,8 @@ def _pair_compute(a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs
 
 @gluon.jit
 def _grouped_pair_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
-                         GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, SHARE_A: gl.constexpr,
+                         num_warps: gl.constexpr):
     """Persistent, warp-specialized, one program a 2-CTA cluster (see the note above)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
@@ -370,49 +387,58 @@ def _grouped_pair_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_R
         mbarrier.init(pair.index(s), count=1)       # counted per CTA: two arrivals in all
     gl.warp_specialize([
         (_pair_compute, (a_bufs, b_bufs, ready, mine, pair, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
-                         GROUP_M, STAGES, num_warps)),
+                         GROUP_M, STAGES, SHARE_A, num_warps)),
         (_pair_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
-                          STAGES)),
+                          STAGES, SHARE_A)),
     ], [1], [PRODUCER_REGS])
 
 
-def pair_descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int):
+def pair_descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, block_m: int, block_n: int, block_k: int,
+                     share_a: bool = False):
     """The pair kernel's TMA descriptors: A's and C's pair tiles split by rows over the two CTAs
-    (cga_layout [[1, 0]]), B's tile broadcast to both ([[0, 0]])."""
+    (cga_layout [[1, 0]]), B's tile broadcast to both ([[0, 0]]); with share_a, B's and C's split by
+    columns ([[0, 1]]) and A's broadcast."""
     G, K, N = b.shape
     dt = GL_DTYPES[a.dtype]
     lay = gl.NVMMASharedLayout.get_default_for
-    rows, bcast = [[1, 0]], [[0, 0]]
-    pm = 2 * block_m
-    return (TensorDescriptor.from_tensor(a, [pm, block_k], lay([pm, block_k], dt, cga_layout=rows)),
-            TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, block_n],
-                                         lay([block_k, block_n], dt, cga_layout=bcast)),
-            TensorDescriptor.from_tensor(c, [pm, block_n], lay([pm, block_n], dt, cga_layout=rows)))
+    bcast = [[0, 0]]
+    split = [[0, 1]] if share_a else [[1, 0]]
+    pm, pn = (block_m, 2 * block_n) if share_a else (2 * block_m, block_n)
+    return (TensorDescriptor.from_tensor(a, [pm, block_k], lay([pm, block_k], dt,
+                                                              cga_layout=bcast if share_a else split)),
+            TensorDescriptor.from_tensor(b.reshape(G * K, N), [block_k, pn],
+                                         lay([block_k, pn], dt, cga_layout=split if share_a else bcast)),
+            TensorDescriptor.from_tensor(c, [pm, pn], lay([pm, pn], dt, cga_layout=split)))
 
 
 def grouped_matmul_pair(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_rows: int,
                         block_m: int = BLOCK_M, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
                         stages: int = STAGES, warps: int = COMPUTE_WARPS, group_m: int = PAIR_GROUP_M,
-                        producer_regs: int = PRODUCER_REGS) -> torch.Tensor:
-    """`grouped_matmul_ws` with B's tiles multicast over 2-CTA clusters (needs HAS_MULTICAST)."""
+                        producer_regs: int = PRODUCER_REGS, share_a: bool = False) -> torch.Tensor:
+    """`grouped_matmul_ws` with B's tiles (share_a: A's) multicast over 2-CTA clusters (needs HAS_MULTICAST)."""
     if not HAS_MULTICAST:
         raise RuntimeError(f"the pair kernel needs a Triton whose Gluon TMA loads multicast (this is "
                            f"{triton.__version__}); use grouped_matmul_ws")
     G, K, N = b.shape
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
-    a_desc, b_desc, c_desc = pair_descriptors(a, b, c, block_m, block_n, block_k)
+    a_desc, b_desc, c_desc = pair_descriptors(a, b, c, block_m, block_n, block_k, share_a)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles = G * triton.cdiv(max(max_rows, 1), 2 * block_m) * triton.cdiv(N, block_n)
+    pm, pn = (block_m, 2 * block_n) if share_a else (2 * block_m, block_n)
+    tiles = G * triton.cdiv(max(max_rows, 1), pm) * triton.cdiv(N, pn)
     _grouped_pair_kernel[(min(sms // 2, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows,
                                                  STAGES=stages, GROUP_M=group_m, PRODUCER_REGS=producer_regs,
-                                                 num_warps=warps, num_ctas=2)
+                                                 SHARE_A=share_a, num_warps=warps, num_ctas=2)
     return c
 
 
 # Round 8a (H200, grouped_gluon_probe_8a.log): a first form that worked out the tile (divisions and a
 # load of offs) at every k-step ran latency-bound: 0.71x the loop at 8 x 2048 rows. Worked out once per
 # item, as now: round 8b, then 8c.
-ROUNDS = {"h": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+ROUNDS = {"k": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
+                ("Gluon pair, B multicast (round h)", grouped_matmul_pair, dict()),
+                ("Gluon pair, A multicast (128 x 512 pair tiles)", grouped_matmul_pair, dict(share_a=True, group_m=16)),
+                ("Gluon pair, A multicast, GROUP_M 8", grouped_matmul_pair, dict(share_a=True, group_m=8))],
+          "h": [("Gluon warp-specialized", grouped_matmul_ws, dict()),
                 ("Gluon pair (2-CTA cluster, B multicast)", grouped_matmul_pair, dict()),
                 ("Gluon pair, GROUP_M 4 pairs", grouped_matmul_pair, dict(group_m=4)),
                 ("Gluon pair, GROUP_M 16 pairs", grouped_matmul_pair, dict(group_m=16))],
@@ -471,7 +497,7 @@ def main():
     from bench_kernels import bench_interleaved, grouped_case, warm_up
     from utils import kernels
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--round", choices=sorted(ROUNDS), default="h", help="which round's configs")
+    ap.add_argument("--round", choices=sorted(ROUNDS), default="k", help="which round's configs")
     args = ap.parse_args()
     configs = ROUNDS[args.round]
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__, flush=True)
