@@ -291,6 +291,9 @@ def grouped_gluon(a, b, offs, max_rows, BM=128, BN=256, BK=64, stages=3, warps=8
 # 0.988x for the shipped kernel in the same run, 1.04x against 1.09x at 8 x 512, 2.2x against 3.8x at
 # 64 x 128 (half of each 256-row pair tile is past a 128-row group). Halving B's L2 traffic does not
 # pay for CTA 1 waiting on CTA 0's loads and both waiting on the slower of the two every k-step.
+# Round 8k, share_a (SHARE_A): the pair tile is 128 x 512 instead, A's [128 x 64] broadcast by CTA 0 and
+# B's [64 x 512] and C split by columns, so CTA 1 loads its own 32 KB of B and CTA 0 16 KB more than it
+# (8h: 32 KB more): 0.973x against 0.992x for 8h's pair and 0.997x as shipped (grouped_gluon_probe_8k.log).
 
 def _has_multicast() -> bool:
     import inspect
