@@ -4,6 +4,7 @@ power limit there, and does our kernel lose on work per clock or on clocks?
     python scripts/gemm_power_probe.py      # GPU with nvidia-smi; prints a markdown table
     ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
         -k regex:"nvjet|_grouped|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
+    source scripts/carried_triton.sh && python3 scripts/gemm_power_probe.py --pair   # + the 2-CTA pair kernels
 
 Each kernel (the torch.matmul loop, the shipped grouped GEMM, torch._grouped_mm) is replayed from
 a CUDA graph for a few seconds while nvidia-smi samples the SM clock, the power draw and the active
@@ -86,6 +87,8 @@ def main():
                                                        "tile, the shipped one), no timing: for ncu's counters")
     ap.add_argument("--group-m", type=int, nargs="*", default=[],
                     help="also the shipped kernel's tile (128 x 256 x 64, 3 stages) with these GROUP_M tile orders")
+    ap.add_argument("--pair", action="store_true", help="also grouped_gluon_probe.py's 2-CTA pair kernels (B's tile "
+                                                        "multicast, A's): needs a Triton past 3.6")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemm_power_probe.py samples a GPU: run it on the device, e.g. "
@@ -110,6 +113,14 @@ def main():
         check(grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm), ref, torch.bfloat16, K, f"GROUP_M {gm}")
         fns[f"Triton TMA kernel, 128 x 256 x 64, GROUP_M {gm}"] = (
             lambda gm=gm: grouped_tma_fixed(a, b, offs, m, 128, 256, 64, 3, 8, GM=gm))
+    if args.pair:
+        from grouped_gluon_probe import grouped_matmul_pair
+        for share_a in (False, True):
+            name = f"Gluon pair, {'A' if share_a else 'B'} multicast"
+            check(grouped_matmul_pair(a, b, offs, m, share_a=share_a, group_m=16 if share_a else 8), ref,
+                  torch.bfloat16, K, name)
+            fns[name] = (lambda share_a=share_a: grouped_matmul_pair(a, b, offs, m, share_a=share_a,
+                                                                     group_m=16 if share_a else 8))
     if hasattr(torch, "_grouped_mm"):
         bt = b.transpose(1, 2).contiguous().transpose(1, 2)
         fns["torch._grouped_mm (CUTLASS)"] = lambda: torch._grouped_mm(a, bt, offs=offs)
