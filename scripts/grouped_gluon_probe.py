@@ -67,8 +67,9 @@ Why these rounds end level (scripts/gemm_power_probe.py, gemm_power_probe_gluon.
 under the H200's 700 W cap the shipped kernel does 2-3 % more work per clock than the cuBLAS loop (445-447
 against 435-436 TFLOP/s per GHz; at ncu's fixed clock 1.133 M cycles against 1.182 M for the loop's
 eight launches) and runs 2-2.5 % slower clocks (1492 against 1522-1530 MHz): the same energy per flop.
-What sets the time there is energy, and the data the two move is the same to within 10 % (DRAM 650 against
-681 MB read, L2 4.09 against 3.97 GB); cutting it with multicast (8h, 8k) or hints (8j) did not gain, and
+What sets the time there is energy, and the two move about the same data (DRAM 650 against 681 MB read,
+L2 4.09 against 3.97 GB, 12 % more L2 sectors requested); cutting it with multicast (8h, 8k) or hints
+(8j) did not gain, and
 the pair kernels ran at slower clocks still (1455-1485 MHz, gemm_power_probe_pair.log): multicast does not
 lower the energy per flop here.
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
