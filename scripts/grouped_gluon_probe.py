@@ -69,9 +69,8 @@ against 435-436 TFLOP/s per GHz; at ncu's fixed clock 1.133 M cycles against 1.1
 eight launches) and runs 2-2.5 % slower clocks (1492 against 1522-1530 MHz): the same energy per flop.
 What sets the time there is energy, and the two move about the same data (DRAM 650 against 681 MB read,
 L2 4.09 against 3.97 GB, 12 % more L2 sectors requested); cutting it with multicast (8h, 8k) or hints
-(8j) did not gain, and
-the pair kernels ran at slower clocks still (1455-1485 MHz, gemm_power_probe_pair.log): multicast does not
-lower the energy per flop here.
+(8j) did not gain, and the pair kernels ran at slower clocks still (1455-1485 MHz,
+gemm_power_probe_pair.log): multicast does not lower the energy per flop here.
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
 group_m, block_m, block_n.)
 """
