@@ -117,7 +117,7 @@ def gemv_rows(copy_gbps, sweep):
         t_bf16 = bench(lambda: torch.nn.functional.linear(xb, w_bf16))
         cands = [dict(), dict(dequant="f32")]                      # the default (f16x2), exact f32
         if sweep:   # one-warp tiles (the autotuner's picks since round 11): every split from 6 to 4 groups
-            ng = K // 128   # per program for 32 columns, where the one-wave fits are (README, round 15)
+            ng = K // 128   # per program for 32 columns: the one-wave fits (docs/lab05-kernels-gpu.md, round 15)
             cands += [dict(block_n=32, num_warps=1, split_k=k, num_stages=1, fixup=f)
                       for f in kernels.GEMV_FIXUPS
                       for k in range(kernels._gemv_split(ng, 6), kernels._gemv_split(ng, 4) + 1)]

@@ -186,7 +186,7 @@ def _probe_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, 
 
 # Round 9's kernel (not kept, see ROUNDS[9]): an Int4 GEMV on the tensor cores ("mma").
 # The shipped f16x2 dot (utils.kernels._F16X2_DOT16) spends about two instructions per weight (dequant, fp16 products, fp32 sums); the
-# GEMV is issue- and latency-bound, not DRAM-bound (README, "Lab 05 kernels on the lent GPU"). Here
+# GEMV is issue- and latency-bound, not DRAM-bound (docs/lab05-kernels-gpu.md). Here
 # the products and sums go to mma.sync (m16n8k16, fp16 in, fp32 out): a tensor-core instruction does
 # what 16 FMAs per lane did. A batch-1 GEMV fills one of the mma's eight B columns with real work, so
 # the mma is 1/8 useful; tensor cores have far more than 8x the throughput the GEMV needs.

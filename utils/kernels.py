@@ -812,7 +812,7 @@ def _gemv_split(ng: int, groups_per_program: int) -> int:
 def _gemv_one_wave_split(ng: int, n_blocks: int, num_warps: int, sms: int, reserve: int = 0) -> int:
     """split-K whose programs (n_blocks column blocks x split) just fit in one wave of resident warps,
     with `reserve` programs' room left (the sum kernel's): the fastest GEMV grids on the H200 were those
-    (README, round 15). At most ng and 64, at least 1."""
+    (docs/lab05-kernels-gpu.md, round 15). At most ng and 64, at least 1."""
     return max(1, min(ng, 64, (resident_programs(_GEMV_ONE_WAVE_REGS, num_warps, sms) - reserve) // n_blocks))
 
 
@@ -1053,8 +1053,8 @@ def stream_read(t: torch.Tensor, block: int = 4096) -> torch.Tensor:
     """Read every 32-bit word of t once and do nothing else: what a memory-bound kernel that moves the
     same bytes can hope for on this device (the copy bandwidth also writes). Each program xors `block`
     words (so the reads are not optimized away) and the int32 xors are returned, one per block. On the
-    H200, 34 MB of Int4 codes read this way, cold, took 9.0 us: 88-90 % of the copy bandwidth (README,
-    Lab 05 kernels on the lent GPU)."""
+    H200, 34 MB of Int4 codes read this way, cold, took 9.0 us: 88-90 % of the copy bandwidth
+    (docs/lab05-kernels-gpu.md)."""
     _check(t.is_contiguous() and (t.numel() * t.element_size()) % 4 == 0 and t.data_ptr() % 4 == 0,
            f"stream_read needs a contiguous tensor whose bytes are a multiple of 4 bytes, 4-byte aligned; "
            f"got {tuple(t.shape)} {t.dtype}")

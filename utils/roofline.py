@@ -59,8 +59,8 @@ def time_cold(call, operands: tuple, device: str, repeats: int = 10) -> float:
     """Seconds per call(*operands) with its operands read from DRAM, not from L2. On CUDA the CUDA-graph
     replays rotate over copies of the operands that together pass 3x the L2 cache, as a decode step reads
     each layer's weights once per token; replaying one copy would let part of a 34 MB Int4 layer stay in
-    a 50 MB L2 and report L2 speed as DRAM's (on the H200: 12.0 us hot, 15.4 us cold; README, Lab 05
-    kernels). Elsewhere, time_kernel of the call."""
+    a 50 MB L2 and report L2 speed as DRAM's (on the H200: 12.0 us hot, 15.4 us cold;
+    docs/lab05-kernels-gpu.md). Elsewhere, time_kernel of the call."""
     if not str(device).startswith("cuda"):
         return time_kernel(lambda: call(*operands), device, repeats)
     import torch
