@@ -5,12 +5,18 @@ power limit there, and does our kernel lose on work per clock or on clocks?
     ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__inst_executed.sum \
         -k regex:"nvjet|_grouped|cutlass" python scripts/gemm_power_probe.py --ncu   # one call each
     source scripts/carried_triton.sh && python3 scripts/gemm_power_probe.py --pair   # + the 2-CTA pair kernels
+    python scripts/gemm_power_probe.py --burst    # short bursts from a rested GPU, below the power cap
 
 Each kernel (the torch.matmul loop, the shipped grouped GEMM, torch._grouped_mm) is replayed from
 a CUDA graph for a few seconds while nvidia-smi samples the SM clock, the power draw and the active
 clock-throttle reasons every 100 ms. The table gives the medians over the samples of the replay's
 middle, the kernel's time per call over the same replays, its TFLOP/s, and TFLOP/s per GHz of SM
 clock (work per clock: what is left once the clock is divided out).
+--burst asks the same question the other way round: each kernel is timed in short bursts (1, 4, 16
+calls) started after 0.2 s of a one-thread spin (torch.cuda._sleep) that keeps the clocks up at little
+power, so the first calls run before the power limit bites; our kernel and the loop take turns, and the
+medians over the trials are printed with their ratio. Below the cap the ratio is the schedules' alone;
+a 4 s replay of each closes the table, the same kernels held at the cap in the same run.
 """
 from __future__ import annotations
 
@@ -80,6 +86,32 @@ def replay(fn, seconds: float, calls_per_graph: int = 20):
     return ms, mid
 
 
+def burst_times(fns: dict, calls: int, trials: int = 15, rest_s: float = 0.2) -> dict:
+    """name -> median ms per call over `trials` bursts of `calls` calls (a CUDA graph each), every burst
+    started after rest_s of a one-thread spin, the kernels in turn within each trial."""
+    graphs = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+        graphs[name] = g
+    spin = int(rest_s * 2e9)                     # cycles: about rest_s at the H200's ~2 GHz rested clock
+    times = {k: [] for k in fns}
+    for _ in range(trials):
+        for name, g in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(spin)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / calls)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def main():
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -89,6 +121,8 @@ def main():
                     help="also the shipped kernel's tile (128 x 256 x 64, 3 stages) with these GROUP_M tile orders")
     ap.add_argument("--pair", action="store_true", help="also grouped_gluon_probe.py's 2-CTA pair kernels (B's tile "
                                                         "multicast, A's): needs a Triton past 3.6")
+    ap.add_argument("--burst", action="store_true", help="time the loop and our kernel in short bursts from a "
+                                                         "rested GPU, below the power cap, instead of replaying them")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gemm_power_probe.py samples a GPU: run it on the device, e.g. "
@@ -121,10 +155,23 @@ def main():
                   torch.bfloat16, K, name)
             fns[name] = (lambda share_a=share_a: grouped_matmul_pair(a, b, offs, m, share_a=share_a,
                                                                      group_m=16 if share_a else 8))
+    flop = 2 * G * m * K * N
+    if args.burst:
+        head = ["calls per burst"] + [f"{k}, us per call" for k in fns] + ["loop / ours"]
+        print("| " + " | ".join(head) + " |\n" + "|---" * len(head) + "|", flush=True)
+        loop_name, ours_name = list(fns)[:2]
+        for calls in (1, 4, 16, 1):
+            t = burst_times(fns, calls)
+            print(f"| {calls} | " + " | ".join(f"{v * 1e3:.1f}" for v in t.values())
+                  + f" | {t[loop_name] / t[ours_name]:.3f} |", flush=True)
+        t = {k: replay(fn, 4.0) for k, fn in fns.items()}     # the same kernels held at the cap
+        print("| 4 s replay (at the cap; SM MHz) | " + " | ".join(
+            f"{ms * 1e3:.1f} ({statistics.median(x[1] for x in mid) if mid else float('nan'):.0f})"
+            for ms, mid in t.values()) + f" | {t[loop_name][0] / t[ours_name][0]:.3f} |", flush=True)
+        return
     if hasattr(torch, "_grouped_mm"):
         bt = b.transpose(1, 2).contiguous().transpose(1, 2)
         fns["torch._grouped_mm (CUTLASS)"] = lambda: torch._grouped_mm(a, bt, offs=offs)
-    flop = 2 * G * m * K * N
     print(f"| {G} x ({m}x{K}x{N}) bf16 | us per call | TFLOP/s | SM clock MHz | power W (limit) | "
           "TFLOP/s per GHz | throttle reasons |\n|---|---|---|---|---|---|---|", flush=True)
     for rnd in range(2):
