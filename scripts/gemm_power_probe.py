@@ -54,14 +54,20 @@ def sample(stop: threading.Event, out: list, interval_ms: int = 100) -> None:
     proc.terminate()
 
 
-def replay(fn, seconds: float, calls_per_graph: int = 20):
-    """Replay a CUDA graph of calls_per_graph calls of fn for `seconds`; (ms per call, samples)."""
+def graph_of(fn, calls: int) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of `calls` calls of fn (called once first, so any compile or autotune is outside it)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(calls_per_graph):
+        for _ in range(calls):
             fn()
+    return g
+
+
+def replay(fn, seconds: float, calls_per_graph: int = 20):
+    """Replay a CUDA graph of calls_per_graph calls of fn for `seconds`; (ms per call, samples)."""
+    g = graph_of(fn, calls_per_graph)
     samples: list = []
     stop = threading.Event()
     th = threading.Thread(target=sample, args=(stop, samples), daemon=True)
@@ -89,15 +95,7 @@ def replay(fn, seconds: float, calls_per_graph: int = 20):
 def burst_times(fns: dict, calls: int, trials: int = 15, rest_s: float = 0.2) -> dict:
     """name -> median ms per call over `trials` bursts of `calls` calls (a CUDA graph each), every burst
     started after rest_s of a one-thread spin, the kernels in turn within each trial."""
-    graphs = {}
-    for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(calls):
-                fn()
-        graphs[name] = g
+    graphs = {name: graph_of(fn, calls) for name, fn in fns.items()}
     spin = int(rest_s * 2e9)                     # cycles: about rest_s at the H200's ~2 GHz rested clock
     times = {k: [] for k in fns}
     for _ in range(trials):

@@ -71,9 +71,9 @@ What sets the time there is energy, and the two move about the same data (DRAM 6
 L2 4.09 against 3.97 GB, 12 % more L2 sectors requested); cutting it with multicast (8h, 8k) or hints
 (8j) did not gain, and the pair kernels ran at slower clocks still (1455-1485 MHz,
 gemm_power_probe_pair.log): multicast does not lower the energy per flop here.
-Below the cap they are level too (gemm_power_probe.py --burst, gemm_power_probe_burst.log): in bursts of
-1-16 calls from a rested GPU the loop took 685.6-687.8 us per call and the shipped kernel 685.4-688.6 us
-(0.996-1.002x), against 821.3 and 824.4 us replayed at the cap in the same run.
+Below the cap they are level too (gemm_power_probe.py --burst, gemm_power_probe_burst*.log, two runs): in
+bursts of 1-16 calls from a rested GPU the loop took 680.6-687.8 us per call and the shipped kernel
+678.2-688.6 us (0.996-1.004x), against 810-824 us for both replayed at the cap in the same runs.
 (The 8d and 8e logs name kernel 2's knobs as the probe's first copy of it did: GM, BM, BN for
 group_m, block_m, block_n.)
 """

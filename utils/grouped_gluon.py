@@ -22,7 +22,7 @@ Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-k, scripts/bench_k
 the torch.matmul loop at 8 x 2048 rows in fourteen runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
 in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. Level at the H200's
 700 W cap, where this kernel does 2-3 % more work per clock than cuBLAS and runs 2-2.5 % slower clocks,
-and level below it, in bursts from a rested GPU (0.996-1.002x; scripts/gemm_power_probe.py, --burst).
+and level below it, in bursts from a rested GPU (0.996-1.004x; scripts/gemm_power_probe.py, --burst).
 A stream-K tail, 256 x 128 tiles, BLOCK_K 32, 4 stages (with register stores, or with C stored in two
 halves), 2-CTA clusters that multicast B's tile or A's and L2 eviction hints (rounds h, j and k, under
 Triton 3.9) were all slower or level (the probe's docstring). Needs a Triton with Gluon (3.5+; 3.6 on
