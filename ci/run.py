@@ -139,6 +139,31 @@ def strip_progress_bars(notebook: Path) -> int:
     return dropped
 
 
+def kernel_manager_class():
+    """The labs' kernel manager: on Linux and macOS the kernel talks over Unix-domain sockets (IPC) named
+    under the temp folder instead of TCP ports. The kernel is always on this machine, and ipykernel 7 prints
+    on every TCP start that the traffic is unencrypted, a warning a student cannot act on. Windows has no
+    IPC transport: None there, and nbclient's default (TCP)."""
+    if os.name != "posix":
+        return None
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class IPCKernelManager(AsyncKernelManager):
+        @default("transport")
+        def _default_transport(self):
+            return "ipc"
+
+        @default("ip")                  # IPC: the sockets' path prefix (<ip>-<port>), removed at shutdown
+        def _default_ip(self):
+            return os.path.join(tempfile.gettempdir(), f"quant-lab-kernel-{uuid.uuid4().hex[:12]}")
+
+    return IPCKernelManager
+
+
 def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from: str | None = None,
               resume_from: Path | None = None, runs_dir: Path | None = None, log=print) -> Path:
     """Run the chain; return the run folder. Raises ChainError (after writing run.json) on failure."""
@@ -179,6 +204,8 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
     env_backup = dict(os.environ)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     os.environ.update({k: str(v) for k, v in (profile.get("env") or {}).items()})
+    km = kernel_manager_class()
+    kernel_kwargs = {"kernel_manager_class": km} if km else {}
     try:
         for lab in to_run:
             notebook = labs[lab]
@@ -194,7 +221,7 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
                 papermill.execute_notebook(str(notebook), str(out_nb), parameters=params,
                                            kernel_name=profile.get("kernel", "python3"),
                                            cwd=str(notebook.parent), progress_bar=False,
-                                           execution_timeout=profile.get("cell_timeout_s"))
+                                           execution_timeout=profile.get("cell_timeout_s"), **kernel_kwargs)
                 if not (run_dir / lab / "results.json").is_file():
                     raise ChainError("the notebook ran to its end but wrote no results.json")
                 strip_progress_bars(out_nb)
