@@ -236,3 +236,27 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
             else float("inf"), "weight_bit_exact": exact,
             "model_kernel_weight_bit_exact": model_exact, "output_kernel": type(kernel).__name__, "output_dtype": str(out.dtype).replace("torch.", ""),
             "output_rel_l2": rel, "output_tolerance": tol, "output_ok": bool(rel <= tol)}
+
+
+def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
+    """Quantize w [K, N] (y = x @ w) to GPTQ v1 Int4, symmetric (the course's sym=True): per group of K
+    and column, s = 2 max|w| / 15 and zero 8; returns (qweight int32 [K/8, N], qzeros int32 [K/g, N/8]
+    holding zero - 1 = 7, scales fp16 [K/g, N]). Round-to-nearest here (GPTQ proper chooses the codes
+    with second-order information; the layout is the same, packed by pack_int32)."""
+    K, N = w.shape
+    if not (K % group_size == 0 and group_size % 8 == 0 and N % 8 == 0):
+        raise ValueError(f"need K % group_size == 0, group_size % 8 == 0, N % 8 == 0; got K={K}, N={N}, group_size={group_size}")
+    wg = w.detach().float().cpu().reshape(K // group_size, group_size, N)
+    scales = (wg.abs().amax(1).clamp(min=1e-8) * 2 / 15).half()
+    s = scales.float()
+    zeros = torch.full_like(s, 8, dtype=torch.int32)
+    q = torch.clamp(torch.round(wg / s[:, None, :]) + 8, 0, 15).to(torch.int32).reshape(K, N)
+    qweight = pack_int32(q, bits=4, dim=0)
+    qzeros = pack_int32((zeros - 1) & 0xF, bits=4, dim=1)   # v1 stores zero - 1 (as a nibble)
+    return qweight.to(w.device), qzeros.to(w.device), scales.to(w.device)
+
+
+def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
+    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout (this module's
+    unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
+    return dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import gptq
+from .gptq import dequant_gptq_int4, pack_gptq_int4  # noqa: F401  (the GEMV's public names)
 
 try:    # griddepcontrol (sm_90+): programmatic dependent launch of the GEMV's sum kernel
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -425,30 +425,6 @@ def int8_matmul(a: torch.Tensor, b: torch.Tensor, block_k: int = 128) -> torch.T
 
 
 # ------------------------------------------------------------------------ Int4 GPTQ weights + GEMV
-def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
-    """Quantize w [K, N] (y = x @ w) to GPTQ v1 Int4, symmetric (the course's sym=True): per group of K
-    and column, s = 2 max|w| / 15 and zero 8; returns (qweight int32 [K/8, N], qzeros int32 [K/g, N/8]
-    holding zero - 1 = 7, scales fp16 [K/g, N]). Round-to-nearest here (GPTQ proper chooses the codes
-    with second-order information; the layout is the same, packed by utils.gptq.pack_int32)."""
-    K, N = w.shape
-    _check(K % group_size == 0 and group_size % 8 == 0 and N % 8 == 0,
-           f"need K % group_size == 0, group_size % 8 == 0, N % 8 == 0; got K={K}, N={N}, group_size={group_size}")
-    wg = w.detach().float().cpu().reshape(K // group_size, group_size, N)
-    scales = (wg.abs().amax(1).clamp(min=1e-8) * 2 / 15).half()
-    s = scales.float()
-    zeros = torch.full_like(s, 8, dtype=torch.int32)
-    q = torch.clamp(torch.round(wg / s[:, None, :]) + 8, 0, 15).to(torch.int32).reshape(K, N)
-    qweight = gptq.pack_int32(q, bits=4, dim=0)
-    qzeros = gptq.pack_int32((zeros - 1) & 0xF, bits=4, dim=1)   # v1 stores zero - 1 (as a nibble)
-    return qweight.to(w.device), qzeros.to(w.device), scales.to(w.device)
-
-
-def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
-    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout (utils.gptq's
-    unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
-    return gptq.dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()
-
-
 # fp16x2 dot of two packed int32 (16 nibbles, K rows 8r..8r+15) with 16 activations, in Marlin's manner:
 # q & 0x000F000F | 0x64006400 is two fp16 numbers 1024 + n (nibbles j and j+4), minus 1024 + z is n - z
 # exactly; q & 0x00F000F0 | 0x64006400 is 1024 + 16n (the next nibbles, unshifted), and times 1/16 minus
