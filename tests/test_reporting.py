@@ -26,3 +26,21 @@ def test_format_value():
     assert reporting.format_value(0.5) == "0.5"
     assert reporting.format_value(123456.0) == "1.235e+05"
     assert reporting.format_value([1.0, "a"]) == "1, a"
+
+
+def test_report_shows_the_logit_check_over_all_positions_and_non_finite_verdicts(tmp_path):
+    headline = {"logit cosine worst / p1 / mean": "0.8517 / 0.9866 / 0.9991", "logit verdict": "degraded",
+                "top-1 changed %": 9.254, "logit positions": 1502}
+    verdicts = [{"check": "logit check, all positions", "verdict": "warn",
+                 "detail": "1502 positions of 50 prompts: worst 0.8517 (critical), p1 0.9866 (degraded)"},
+                {"check": "first module below threshold (propagated)", "verdict": "fail",
+                 "detail": "model.layers.2.mlp: non-finite (96 values NaN/Inf)"}]
+    results.write_results(tmp_path / "04_divergence", "04_divergence", headline=headline, verdicts=verdicts,
+                          data={"logit_check": {"cosine_p1": float("nan")}})
+    md_path, html_path = reporting.build_report(tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    for text in ("| logit cosine worst / p1 / mean | 0.8517 / 0.9866 / 0.9991 |", "| top-1 changed % | 9.254 |",
+                 "| logit positions | 1502 |", "worst 0.8517 (critical), p1 0.9866 (degraded)",
+                 "| first module below threshold (propagated) | FAIL | model.layers.2.mlp: non-finite (96 values"):
+        assert text in md, text
+    assert "non-finite (96 values NaN/Inf)" in page and "top-1 changed %" in page
