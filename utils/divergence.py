@@ -105,7 +105,8 @@ def logit_check(golden, test, healthy: float = COS_HEALTHY, critical: float = CO
     return out
 
 
-def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = None) -> dict[str, str]:
+def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = None,
+                        name: str = "logit check, all positions (report thresholds)") -> dict[str, str]:
     """The lab's verdict row for a logit_check: status, every statistic with its verdict, top-1 changes;
     non-finite logits named with the count and the first module that has them (from layer_rows)."""
     if check["nonfinite"]:
@@ -114,6 +115,9 @@ def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = N
         detail = (f"non-finite: {check['nonfinite']} NaN/Inf logits at {check['nonfinite_positions']} of "
                   f"{check['positions']} positions, first at {check['first_nonfinite']}; first module with "
                   f"NaN/Inf: {first['module'] if first else 'none in the layer comparison'}")
+    elif check["positions"] == 1:
+        detail = (f"cosine {check['cosine_worst']:.5f}, MSE {check['mse_mean']:.3g}, top-1 "
+                  f"{'changed' if check['top1_changed'] else 'same'}: {check['verdict']}")
     else:
         detail = (f"{check['positions']} positions of {check['prompts']} prompts: worst "
                   f"{check['cosine_worst']:.4f} ({check['verdict_worst']}, {check['worst_at']}), p1 "
@@ -121,8 +125,7 @@ def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = N
                   f"({check['verdict_mean']}); MSE mean {check['mse_mean']:.3g}; top-1 changed at "
                   f"{check['top1_changed']} positions ({check['top1_changed_pct']:.1f} %): "
                   f"{check['verdict']}. Rule: {check['rule']}")
-    return {"check": "logit check, all positions (report thresholds)",
-            "verdict": VERDICT_STATUS[check["verdict"]], "detail": detail}
+    return {"check": name, "verdict": VERDICT_STATUS[check["verdict"]], "detail": detail}
 
 
 # ---------------------------------------------------------------- 2. llama.cpp's KL statistics

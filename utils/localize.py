@@ -216,7 +216,7 @@ def plot_layers(rows: list[dict[str, Any]], title: str = "", threshold: float = 
              if any(r["part"] == p for r in rows)]
     bars = {"cosine": (threshold, COS_CRITICAL),
             "rel_l2": (rel_l2_at_cosine(threshold), rel_l2_at_cosine(COS_CRITICAL)),
-            "sqnr_db": (-20 * math.log10(rel_l2_at_cosine(threshold)), -20 * math.log10(rel_l2_at_cosine(COS_CRITICAL)))}
+            "sqnr_db": tuple(-20 * math.log10(rel_l2_at_cosine(c)) for c in (threshold, COS_CRITICAL))}
     for ax, (metric, label) in zip(axes.flat, [("cosine", "cosine similarity"), ("rel_l2", "normalized L2"),
                                                ("sqnr_db", "SQNR dB"), ("max_abs", "max abs error")]):
         exact = 0                  # bit-identical points: error 0 (off a log axis), SQNR inf: a gap, counted
