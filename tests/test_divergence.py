@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from utils import divergence as dv
+from utils import localize as lz
 from utils import metrics
 
 
@@ -24,9 +25,9 @@ def prompts(n=3, length=12, seed=1):
 
 
 def plant_fault(model, layer, scale=100.0):
-    """A copy with one 16x16 block of layer `layer`'s mlp.down_proj multiplied by `scale` (dv.plant_fault)."""
+    """A copy with one 16x16 block of layer `layer`'s mlp.down_proj multiplied by `scale` (lz.plant_fault)."""
     bad = copy.deepcopy(model)
-    assert dv.plant_fault(bad, layer, scale) == f"model.layers.{layer}.mlp.down_proj"
+    assert lz.plant_fault(bad, layer, scale) == f"model.layers.{layer}.mlp"
     assert not torch.equal(bad.model.layers[layer].mlp.down_proj.weight, model.model.layers[layer].mlp.down_proj.weight)
     return bad
 
@@ -44,20 +45,22 @@ def test_accumulator_matches_metrics_and_streams():
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(5, 40, generator=g)
     out = ref + 0.1 * torch.randn(5, 40, generator=g)
-    whole = dv.MetricAccumulator().update(out, ref).result()
+    whole = metrics.MetricAccumulator().update(out, ref).result()
     assert whole["cosine"] == pytest.approx(metrics.cosine_similarity(out, ref), rel=1e-12)
     assert whole["rel_l2"] == pytest.approx(metrics.relative_l2(out, ref), rel=1e-12)
     assert whole["sqnr_db"] == pytest.approx(metrics.sqnr_db(out, ref), rel=1e-12)
     assert whole["max_abs"] == pytest.approx(metrics.max_abs_error(out, ref), rel=1e-12)
-    acc = dv.MetricAccumulator()
+    acc = metrics.MetricAccumulator()
     for i in range(5):
         acc.update(out[i], ref[i])
     assert acc.result()["rel_l2"] == pytest.approx(whole["rel_l2"], rel=1e-12)
     bad = out.clone()
     bad[0, 0] = float("nan")
-    assert math.isnan(dv.MetricAccumulator().update(bad, ref).result()["cosine"])
+    r = metrics.MetricAccumulator().update(bad, ref).result()
+    assert math.isnan(r["cosine"]) and r["nonfinite"] == 1 and r["ref_nonfinite"] == 0
+    assert metrics.MetricAccumulator().update(ref, bad).result()["ref_nonfinite"] == 1
     with pytest.raises(ValueError, match="shape mismatch"):
-        dv.MetricAccumulator().update(out[:2], ref)
+        metrics.MetricAccumulator().update(out[:2], ref)
 
 
 def test_cosine_verdict_thresholds():
@@ -67,13 +70,14 @@ def test_cosine_verdict_thresholds():
     assert dv.cosine_verdict(float("nan")) == "critical"
 
 
-def test_logit_check():
+def test_logit_check_one_vector():
     g = torch.Generator().manual_seed(0)
     a = torch.randn(1000, generator=g)
     same = dv.logit_check(a, a.clone())
-    assert same["cosine"] == pytest.approx(1.0) and same["mse"] == 0 and same["verdict"] == "healthy"
+    assert same["cosine_worst"] == pytest.approx(1.0) and same["mse_mean"] == 0 and same["verdict"] == "healthy"
+    assert same["positions"] == 1 and same["top1_changed"] == 0
     noisy = dv.logit_check(a, a + 0.5 * torch.randn(1000, generator=g))
-    assert noisy["verdict"] == "critical" and noisy["mse"] == pytest.approx(0.25, rel=0.2)
+    assert noisy["verdict"] == "critical" and noisy["mse_mean"] == pytest.approx(0.25, rel=0.2)
     with pytest.raises(ValueError, match="vocabulary"):
         dv.logit_check(a, a[:10])
 
@@ -99,14 +103,14 @@ def test_kl_summary_known_values():
 def test_corpus_kl_identical_model_is_zero_and_padding_ignored():
     model = tiny_qwen2()
     ids = prompts(4)
-    lp1 = dv.corpus_logprobs(model, ids, batch_size=4)
-    lp2 = dv.corpus_logprobs(model, ids, batch_size=1)  # unpadded: must agree with the padded batch
-    assert [x.shape[0] for x in lp1] == [t.numel() - 1 for t in ids]
+    lp1 = dv.corpus_logits(model, ids, batch_size=4)
+    lp2 = dv.corpus_logits(model, ids, batch_size=1)  # unpadded: must agree with the padded batch
+    assert [x.shape[0] for x in lp1] == [t.numel() for t in ids]
     for a, b in zip(lp1, lp2):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     s = dv.kl_summary(dv.kl_token_stats(lp1, lp2, ids))
     assert s["kl_mean"] < 1e-6 and s["same_top1"] == 1.0 and s["ppl_ratio"] == pytest.approx(1.0, abs=1e-4)
-    bad = dv.corpus_logprobs(plant_fault(model, 2, scale=1000.0), ids, batch_size=4)
+    bad = dv.corpus_logits(plant_fault(model, 2, scale=1000.0), ids, batch_size=4)
     s_bad = dv.kl_summary(dv.kl_token_stats(lp1, bad, ids))
     assert s_bad["kl_mean"] > 1e-3 and s_bad["kl_mean"] > 100 * s["kl_mean"]
 
@@ -117,65 +121,37 @@ def test_planted_fault_is_localized_in_both_modes(make_bad):
     golden = tiny_qwen2()
     bad = make_bad(golden)
     ids = prompts(3)
-    cap = dv.golden_layer_capture(golden, ids)
-    prop = dv.compare_layers(bad, ids, cap, "propagated")
-    iso = dv.compare_layers(bad, ids, cap, "isolated")
+    cap = lz.golden_layer_capture(golden, ids)
+    prop = lz.compare_layers(bad, ids, cap, "propagated")
+    iso = lz.compare_layers(bad, ids, cap, "isolated")
     # propagated: layers 0-2 exact, layer 3 is the first below threshold, and the error carries on
-    first = dv.first_bad(prop)
+    first = lz.first_bad(prop, part="layer")
     assert first is not None and first["layer"] == 3, first
-    assert dv.first_bad(prop, part=None)["module"] == "model.layers.3.mlp"
+    assert lz.first_bad(prop)["module"] == "model.layers.3.mlp"
     layer_rows = [r for r in prop if r["part"] == "layer"]
     assert all(r["cosine"] == pytest.approx(1.0, abs=1e-9) for r in layer_rows[:3])
     assert all(r["rel_l2"] > 1e-3 for r in layer_rows[4:])  # accumulated downstream
     # isolated: only layer 3 (its mlp) is wrong; every other layer, fed the golden input, is exact
     iso_layers = [r for r in iso if r["part"] == "layer"]
-    assert dv.first_bad(iso)["layer"] == 3 and dv.worst_layer(iso)["layer"] == 3
+    assert lz.first_bad(iso)["layer"] == 3 and lz.worst_module(iso)["module"] == "model.layers.3.mlp"
     assert [r["layer"] for r in iso_layers if r["rel_l2"] > 1e-6] == [3]
-    assert dv.first_bad(iso, part=None)["module"] == "model.layers.3.mlp"
+    assert lz.first_bad(iso)["module"] == "model.layers.3.mlp"
 
 
 def test_healthy_copy_has_no_bad_layer_and_modes_validate():
     golden = tiny_qwen2()
     ids = prompts(2)
-    cap = dv.golden_layer_capture(golden, ids)
-    rows = dv.compare_layers(copy.deepcopy(golden), ids, cap, "isolated")
-    assert dv.first_bad(rows, part=None) is None
-    assert {r["part"] for r in rows} == {"layer", "self_attn", "mlp", "input_layernorm",
-                                         "post_attention_layernorm", "logits"}
+    cap = lz.golden_layer_capture(golden, ids)
+    rows = lz.compare_layers(copy.deepcopy(golden), ids, cap, "isolated")
+    assert lz.first_bad(rows) is None and lz.worst_module(rows) is None
+    assert {r["part"] for r in rows} == {"embed", "layer", "self_attn", "mlp", "input_layernorm",
+                                         "post_attention_layernorm", "final_norm", "logits"}
     with pytest.raises(ValueError, match="mode"):
-        dv.compare_layers(golden, ids, cap, "shadow")
+        lz.compare_layers(golden, ids, cap, "shadow")
     with pytest.raises(ValueError, match="plant_fault_layer"):
-        dv.plant_fault(golden, 6)
-    fig = dv.plot_layers(rows, "t")
+        lz.plant_fault(golden, 6)
+    fig = lz.plot_layers(rows, "t")
     assert len(fig.axes) == 4
-
-
-def test_resolve_models_reads_lab02_else_fixture_only(tmp_path):
-    from utils import results
-    empty = tmp_path / "run0"
-    empty.mkdir()
-    fb = dv.resolve_models(str(empty), "fixture", "fixture")
-    assert fb["source"] == "fixture" and fb["golden"].endswith("bf16") and "no Lab 02" in fb["note"]
-    with pytest.raises(results.ResultsError, match="Lab 02"):
-        dv.resolve_models(str(empty), "Qwen/Qwen2.5-7B-Instruct", "fixture")
-    run = tmp_path / "run1"
-    results.write_results(run / "02_models", "02_models", data={
-        "models": {"golden": {"path": "/m/g", "id": "g", "source": "local"},
-                   "int4": {"path": "/m/q", "id": "q", "source": "local"}},
-        "gsm8k": {"train": None, "test": "/d/test.jsonl", "source": "local"}})
-    got = dv.resolve_models(str(run), "x", "y")
-    assert (got["golden"], got["int4"], got["test"], got["source"]) == ("/m/g", "/m/q", "/d/test.jsonl", "local")
-
-
-def test_gsm8k_questions(tmp_path):
-    f = tmp_path / "test.jsonl"
-    f.write_text('{"question": "a?", "answer": "#### 1"}\n{"question": "b?", "answer": "#### 2"}\n')
-    assert dv.gsm8k_questions(str(f), None) == ["a?", "b?"]
-    assert dv.gsm8k_questions(str(f), 1) == ["a?"]
-    with pytest.raises(FileNotFoundError, match="Lab 02"):
-        dv.gsm8k_questions(str(tmp_path / "nope.jsonl"), 5)
-    with pytest.raises(ValueError, match="offline"):
-        dv.gsm8k_questions(None, 5, offline=True)
 
 
 def fake_int4(model, group=32):
@@ -193,10 +169,116 @@ def fake_int4(model, group=32):
 def test_quantization_error_accumulates_in_propagated_not_in_isolated():
     golden = tiny_qwen2()
     ids = prompts(2)
-    cap = dv.golden_layer_capture(golden, ids)
+    cap = lz.golden_layer_capture(golden, ids)
     q = fake_int4(golden)
-    prop = [r for r in dv.compare_layers(q, ids, cap, "propagated") if r["part"] == "layer"]
-    iso = [r for r in dv.compare_layers(q, ids, cap, "isolated") if r["part"] == "layer"]
+    prop = [r for r in lz.compare_layers(q, ids, cap, "propagated") if r["part"] == "layer"]
+    iso = [r for r in lz.compare_layers(q, ids, cap, "isolated") if r["part"] == "layer"]
     assert prop[0]["rel_l2"] == pytest.approx(iso[0]["rel_l2"], rel=0.3)  # layer 0 sees the same input
     assert prop[-1]["rel_l2"] > 1.5 * iso[-1]["rel_l2"]                   # later layers inherit upstream error
     assert all(0 < r["rel_l2"] < 0.5 for r in iso)
+
+
+# ---------------------------------------------------------------- the logit check over all positions
+def logits_set(n=3, length=40, vocab=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(length + k, vocab, generator=g) for k in range(n)]
+
+
+def with_noise(golden, rel, seed=1):
+    """Each position plus random noise of normalized L2 `rel` (cosine about 1/sqrt(1+rel^2))."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for x in golden:
+        n = torch.randn(x.shape, generator=g)
+        out.append(x + rel * n * x.norm(dim=-1, keepdim=True) / n.norm(dim=-1, keepdim=True))
+    return out
+
+
+def per_position_cosine(golden, test):
+    return torch.cat([torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1)
+                      for a, b in zip(golden, test)])
+
+
+def test_logit_check_all_positions_degraded_is_not_healthy():
+    golden = logits_set()
+    test = with_noise(golden, 0.27)
+    cos = per_position_cosine(golden, test)
+    assert 0.95 <= float(cos.min()) and float(cos.max()) <= 0.98  # every position in the degraded band
+    check = dv.logit_check(golden, test)
+    assert check["positions"] == cos.numel() and check["prompts"] == 3
+    assert check["cosine_worst"] == pytest.approx(float(cos.min()))
+    assert check["cosine_mean"] == pytest.approx(float(cos.mean()))
+    assert check["cosine_p1"] == pytest.approx(float(torch.quantile(cos, 0.01)))
+    assert check["verdict_worst"] == check["verdict_p1"] == check["verdict_mean"] == "degraded"
+    assert check["verdict"] == "degraded" and "0.99" in check["rule"] and "0.95" in check["rule"]
+
+
+def test_logit_check_reads_every_position_not_the_last_token():
+    golden = logits_set()
+    test = with_noise(golden, 0.27)
+    for g, t in zip(golden, test):
+        t[-1] = g[-1]  # the last token of every prompt is untouched: the one-token reading is blind
+    assert dv.logit_check(golden[0][-1], test[0][-1])["verdict"] == "healthy"
+    assert dv.logit_check(golden, test)["verdict"] == "degraded"
+
+
+def test_logit_check_counts_top1_changes():
+    golden = logits_set()
+    test = [x.clone() for x in golden]
+    changed = [(0, 3), (1, 0), (2, 17), (2, 18)]
+    for k, t in changed:  # swap the top two logits: the decision changes, the vector barely does
+        top2 = test[k][t].topk(2).indices
+        test[k][t, top2] = test[k][t, top2.flip(0)]
+    check = dv.logit_check(golden, test)
+    assert check["top1_changed"] == len(changed)
+    assert check["top1_changed_pct"] == pytest.approx(100 * len(changed) / check["positions"])
+    assert dv.logit_check(golden, [x.clone() for x in golden])["top1_changed"] == 0
+
+
+def test_logit_check_one_critical_position_is_not_healthy():
+    golden = logits_set(n=4, length=60)
+    test = [x.clone() for x in golden]
+    test[2][7] = torch.randn(64, generator=torch.Generator().manual_seed(5))  # one corrupted position
+    check = dv.logit_check(golden, test)
+    assert check["verdict_p1"] == "healthy" and check["verdict_worst"] == "critical"
+    assert check["verdict"] == "degraded" and check["worst_at"] == "prompt 2, position 7"
+
+
+def test_logit_check_names_non_finite():
+    golden = logits_set()
+    test = [x.clone() for x in golden]
+    test[1][2, 5] = float("nan")
+    test[2][9, :3] = float("inf")
+    check = dv.logit_check(golden, test)
+    assert check["verdict"] == "non-finite" and check["nonfinite"] == 4
+    assert check["nonfinite_positions"] == 2 and check["first_nonfinite"] == "prompt 1, position 2"
+    assert all(map(math.isfinite, (check["cosine_worst"], check["cosine_p1"], check["cosine_mean"])))
+
+
+# ---------------------------------------------------------------- non-finite values are named
+def test_non_finite_layer_output_is_named_with_count_and_first_module():
+    golden = tiny_qwen2()
+    bad = copy.deepcopy(golden)
+    with torch.no_grad():
+        bad.model.layers[2].mlp.down_proj.weight[0, 0] = float("inf")
+    ids = prompts(2)
+    cap = lz.golden_layer_capture(golden, ids)
+    for mode in ("propagated", "isolated"):
+        rows = lz.compare_layers(bad, ids, cap, mode)
+        first = lz.first_nonfinite(rows)
+        assert first["module"] == "model.layers.2.mlp" and first["nonfinite"] > 0, (mode, first)
+        assert lz.first_bad(rows)["module"] == "model.layers.2.mlp"
+        assert lz.module_verdict(first) == "non-finite"
+        text = lz.describe(first)
+        assert "non-finite" in text and str(first["nonfinite"]) in text and "cosine nan" not in text
+    assert lz.first_nonfinite(lz.compare_layers(copy.deepcopy(golden), ids, cap, "propagated")) is None
+
+
+def test_kl_summary_names_non_finite_tokens():
+    g = torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4], [0.5, 0.5]], dtype=torch.float64))
+    t = g.clone()
+    t[1, 0] = float("nan")
+    s = dv.kl_summary(dv.kl_token_stats([g], [t], [torch.tensor([1, 0, 1, 0])]))
+    assert s["nonfinite"] == 1 and s["first_nonfinite"] == "text 0, token 1"
+    clean = dv.kl_summary(dv.kl_token_stats([g], [g.clone()], [torch.tensor([1, 0, 1, 0])]))
+    assert clean["nonfinite"] == 0 and clean["first_nonfinite"] is None

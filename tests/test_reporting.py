@@ -26,3 +26,41 @@ def test_format_value():
     assert reporting.format_value(0.5) == "0.5"
     assert reporting.format_value(123456.0) == "1.235e+05"
     assert reporting.format_value([1.0, "a"]) == "1, a"
+
+
+def test_report_shows_lab04_logit_check_and_non_finite_verdicts(tmp_path):
+    """Lab 04's verdict rows, made by its helpers from a model with an Inf weight, read in the report."""
+    import copy
+
+    import torch
+
+    from tests.test_divergence import prompts, tiny_qwen2
+    from utils import divergence as dv
+    from utils import localize as lz
+    golden = tiny_qwen2()
+    bad = copy.deepcopy(golden)
+    with torch.no_grad():
+        bad.model.layers[2].mlp.down_proj.weight[0, 0] = float("inf")
+    ids = prompts(2)
+    rows = lz.compare_layers(bad, ids, lz.golden_layer_capture(golden, ids), "propagated")
+    lg, lt = dv.corpus_logits(golden, ids), dv.corpus_logits(bad, ids)
+    check, healthy = dv.logit_check(lg, lt), dv.logit_check(lg, [x.clone() for x in lg])
+    kl = dv.kl_summary(dv.kl_token_stats(lg, lt, ids))
+    verdicts = [dv.logit_check_verdict(check, rows), dv.logit_check_verdict(healthy, rows, "healthy copy"),
+                dv.kl_verdict(kl, rows), lz.layer_verdict(rows, "propagated")]
+    headline = {"logit cosine worst / p1 / mean": "0.8517 / 0.9866 / 0.9991", "top-1 changed %": 9.254,
+                "logit positions": healthy["positions"]}
+    results.write_results(tmp_path / "04_divergence", "04_divergence", headline=headline, verdicts=verdicts)
+    md_path, html_path = reporting.build_report(tmp_path)
+    md, page = md_path.read_text(), html_path.read_text()
+    nf = next(r for r in rows if r["module"] == "model.layers.2.mlp")["nonfinite"]
+    for text in ("| logit cosine worst / p1 / mean | 0.8517 / 0.9866 / 0.9991 |", "| top-1 changed % | 9.254 |",
+                 f"| logit positions | {healthy['positions']} |",
+                 "| logit check, all positions (report thresholds) | FAIL | non-finite: ",
+                 "first module with NaN/Inf: model.layers.2.mlp",
+                 f"| first module failing the rule (propagated) | FAIL | model.layers.2.mlp: non-finite ({nf} NaN/Inf",
+                 "| KL statistics | FAIL | non-finite: KL is NaN/Inf at ",
+                 f"| healthy copy | OK | {healthy['positions']} positions of 2 prompts: worst 1.0000 (healthy",
+                 "top-1 changed at 0 positions", "Rule: the verdict is that of p1"):
+        assert text in md, text
+    assert "first module with NaN/Inf: model.layers.2.mlp" in page and "top-1 changed %" in page

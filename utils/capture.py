@@ -48,16 +48,28 @@ def decoder_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     return best
 
 
-def hooked_modules(model: torch.nn.Module, parts: bool = True) -> "OrderedDict[str, torch.nn.Module]":
-    """Every decoder layer and (parts=True) its parts, in execution order: layer i's parts, then layer i."""
+def hooked_modules(model: torch.nn.Module, parts: bool = True, ends: bool = False,
+                   ) -> "OrderedDict[str, torch.nn.Module]":
+    """Every decoder layer and (parts=True) its parts, in execution order: layer i's parts, then layer i.
+
+    ends=True adds the token embedding first and the final norm last: a fault in either (or in an
+    lm_head tied to the embedding) then has a module of its own instead of showing up in layer 0.
+    """
     prefix, layers = decoder_layers(model)
     found: OrderedDict[str, torch.nn.Module] = OrderedDict()
+    named = dict(model.named_modules())
+    if ends:
+        emb = model.get_input_embeddings()
+        found.update((n, m) for n, m in named.items() if m is emb)
     for i, layer in enumerate(layers):
         if parts:
             for part in PARTS:
                 if hasattr(layer, part):
                     found[f"{prefix}.{i}.{part}"] = getattr(layer, part)
         found[f"{prefix}.{i}"] = layer
+    final_norm = f"{prefix.rsplit('.', 1)[0]}.norm" if "." in prefix else "norm"  # Qwen2/Llama: model.norm
+    if ends and final_norm in named:
+        found[final_norm] = named[final_norm]
     return found
 
 
@@ -135,14 +147,14 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 @torch.no_grad()
 def forward_capture(model: torch.nn.Module, input_ids: torch.Tensor, parts: bool = True,
-                    inputs: bool = False) -> dict[str, torch.Tensor]:
+                    inputs: bool = False, ends: bool = False) -> dict[str, torch.Tensor]:
     """One forward on `input_ids` ([1, T] or [T]); every hooked module's output (and input) and logits, on CPU.
 
     Outputs are kept in the model's own dtype (a bf16 model's activations stay bf16): the metrics
     upcast to float64 themselves. Keys: 'logits', '<module>' and, with inputs=True, '<module>:input'.
     """
     ids = input_ids.reshape(1, -1).to(model_device(model))
-    mods = hooked_modules(model, parts)
+    mods = hooked_modules(model, parts, ends)
     got: dict[str, torch.Tensor] = {}
     ins: dict[str, torch.Tensor] = {}
     with hooks(mods, on_output=lambda n, t: got.__setitem__(n, t.detach().to("cpu"))):
@@ -252,7 +264,7 @@ def load_capture(folder: str | Path) -> Capture:
 
 def compare_captures(ref: Capture, test: Capture) -> list[dict[str, Any]]:
     """Per module (and logits): cosine, normalized L2, SQNR dB, max abs of test against ref, over all prompts."""
-    from .divergence import MetricAccumulator
+    from .metrics import MetricAccumulator
     if ref.n_prompts != test.n_prompts:
         raise CaptureError(f"captures hold {ref.n_prompts} vs {test.n_prompts} prompts: capture the test run "
                            "with capture_like(reference, model) so both see the same token ids.")

@@ -46,6 +46,47 @@ def sqnr_db(out: torch.Tensor, ref: torch.Tensor) -> float:
     return math.inf if rel == 0 else -20.0 * math.log10(rel)
 
 
+class MetricAccumulator:
+    """cosine, normalized L2, SQNR (dB) and max abs error accumulated batch by batch in float64.
+
+    Sums of out*ref, out^2, ref^2, (out-ref)^2 are all the metrics need, so whole activations are
+    never concatenated. result() on one batch equals the functions above on that batch (tested).
+    Non-finite values are counted (output and reference apart), never averaged: with any of them
+    the metrics are NaN and 'nonfinite' / 'ref_nonfinite' say how many there were.
+    """
+
+    def __init__(self):
+        self.dot = self.oo = self.rr = self.ee = 0.0
+        self.max_abs = 0.0
+        self.nonfinite = self.ref_nonfinite = 0
+        self.n = 0
+
+    def update(self, out: torch.Tensor, ref: torch.Tensor) -> "MetricAccumulator":
+        o, r = _pair(out, ref)
+        o, r = o.flatten(), r.flatten()
+        self.nonfinite += int((~torch.isfinite(o)).sum())
+        self.ref_nonfinite += int((~torch.isfinite(r)).sum())
+        d = o - r
+        self.dot += float(o @ r)
+        self.oo += float(o @ o)
+        self.rr += float(r @ r)
+        self.ee += float(d @ d)
+        if o.numel():
+            self.max_abs = max(self.max_abs, float(d.abs().max()))
+        self.n += o.numel()
+        return self
+
+    def result(self) -> dict[str, float]:
+        counts = {"nonfinite": self.nonfinite, "ref_nonfinite": self.ref_nonfinite}
+        if self.nonfinite or self.ref_nonfinite:
+            nan = float("nan")
+            return {"cosine": nan, "rel_l2": nan, "sqnr_db": nan, "max_abs": nan, **counts}
+        cos = self.dot / math.sqrt(self.oo * self.rr) if self.oo * self.rr > 0 else float(self.oo == self.rr)
+        rel = math.sqrt(self.ee / self.rr) if self.rr > 0 else (0.0 if self.ee == 0 else math.inf)
+        sqnr = math.inf if rel == 0 else -20.0 * math.log10(rel)
+        return {"cosine": cos, "rel_l2": rel, "sqnr_db": sqnr, "max_abs": self.max_abs, **counts}
+
+
 def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
     o, r = _pair(out, ref)
     return float(torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0))

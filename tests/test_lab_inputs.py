@@ -1,0 +1,48 @@
+"""What a lab reads from earlier labs: the model folders and the GSM8K questions."""
+import subprocess
+import sys
+
+import pytest
+
+from utils import lab_inputs
+
+
+def test_resolve_models_reads_lab02_else_fixture_only(tmp_path):
+    from utils import results
+    empty = tmp_path / "run0"
+    empty.mkdir()
+    fb = lab_inputs.resolve_models(str(empty), "fixture", "fixture")
+    assert fb["source"] == "fixture" and fb["golden"].endswith("bf16") and "no Lab 02" in fb["note"]
+    with pytest.raises(results.ResultsError, match="Lab 02"):
+        lab_inputs.resolve_models(str(empty), "Qwen/Qwen2.5-7B-Instruct", "fixture")
+    run = tmp_path / "run1"
+    results.write_results(run / "02_models", "02_models", data={
+        "models": {"golden": {"path": "/m/g", "id": "g", "source": "local"},
+                   "int4": {"path": "/m/q", "id": "q", "source": "local"}},
+        "gsm8k": {"train": None, "test": "/d/test.jsonl", "source": "local"}})
+    got = lab_inputs.resolve_models(str(run), "x", "y")
+    assert (got["golden"], got["int4"], got["test"], got["source"]) == ("/m/g", "/m/q", "/d/test.jsonl", "local")
+
+
+def test_gsm8k_questions(tmp_path):
+    f = tmp_path / "test.jsonl"
+    f.write_text('{"question": "a?", "answer": "#### 1"}\n{"question": "b?", "answer": "#### 2"}\n')
+    assert lab_inputs.gsm8k_questions(str(f), None) == ["a?", "b?"]
+    assert lab_inputs.gsm8k_questions(str(f), 1) == ["a?"]
+    with pytest.raises(FileNotFoundError, match="Lab 02"):
+        lab_inputs.gsm8k_questions(str(tmp_path / "nope.jsonl"), 5)
+    with pytest.raises(ValueError, match="offline"):
+        lab_inputs.gsm8k_questions(None, 5, offline=True)
+
+
+def test_capture_does_not_import_divergence():
+    """The layering: capture (low) never pulls in divergence (the lab's analysis on top of it), not even
+    when it compares two captures."""
+    from pathlib import Path
+    code = ("import utils.capture, sys; assert 'utils.divergence' not in sys.modules\n"
+            "import torch; from utils import capture as c\n"
+            "m = {'n_prompts': 1, 'modules': ['model.layers.0']}\n"
+            "t = {'ids/0': torch.ones(3), 'logits/0': torch.ones(3, 4), 'model.layers.0/0': torch.ones(3, 2)}\n"
+            "c.compare_captures(c.Capture(t, m), c.Capture(dict(t), m))\n"
+            "assert 'utils.divergence' not in sys.modules, 'compare_captures imported utils.divergence'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
