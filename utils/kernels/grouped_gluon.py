@@ -1,13 +1,11 @@
 """The grouped GEMM on Hopper (sm_90), written in Gluon and warp-specialized: `kernels.grouped_matmul`'s
 "gluon" kernel.
 
-Why a second language: Triton's compiler pipelines our grouped GEMM well per tile, but every warp of
+Why a second language: Triton's compiler pipelines the grouped GEMM well per tile, but every warp of
 its kernel issues each k-step's TMA loads (predicated off in all but one thread), the CTA barriers
-around them and the waits. On the power-capped H200 that is energy: at 8 groups x (2048 x 4096 x 4096)
-ncu counted 103 M instructions for it against 68 M for the eight cuBLAS launches of a torch.matmul loop
-in the same cycles, and under the 700 W cap the loop ran at 1515-1530 MHz, the Triton kernel at
-1485-1500 (scripts/gemm_power_probe.py). Gluon, Triton's lower-level language, lets the kernel say
-which warps do what:
+around them and the waits: more instructions than cuBLAS for the same tiles, which on a power-capped
+GPU is energy and so clock. Gluon, Triton's lower-level language, lets the kernel say which warps do
+what:
 
 - one **producer** warp issues every TMA load (A [128 x 64] and B [64 x 256] per k-step) into a ring of
   STAGES shared-memory stages, and waits only for a stage to be handed back (`empty`);
@@ -18,15 +16,9 @@ which warps do what:
   (GROUP_M row-tiles side by side in a group), so the producer loads the next tile's first stages while
   the compute warps store this one.
 
-Measured on the H200 (scripts/grouped_gluon_probe.py rounds d-k, scripts/bench_kernels.py): 0.986-1.008x
-the torch.matmul loop at 8 x 2048 rows in fourteen runs, level with cuBLAS (the Triton TMA kernel 0.95-0.97x
-in the same runs), 1.07-1.09x at 8 x 512 rows, 3.6-3.8x at 64 groups of 128 rows. Level at the H200's
-700 W cap, where this kernel does 2-3 % more work per clock than cuBLAS and runs 2-2.5 % slower clocks,
-and level below it, in bursts from a rested GPU (0.996-1.004x; scripts/gemm_power_probe.py, --burst).
-A stream-K tail, 256 x 128 tiles, BLOCK_K 32, 4 stages (with register stores, or with C stored in two
-halves), 2-CTA clusters that multicast B's tile or A's and L2 eviction hints (rounds h, j and k, under
-Triton 3.9) were all slower or level (the probe's docstring). Needs a Triton with Gluon (3.5+; 3.6 on
-the lent GPUs, and it ran right under a carried 3.9); compiled on first use.
+It runs level with the torch.matmul loop (cuBLAS) where each group fills the GPU and ahead of it on
+smaller groups; the variants that were tried and lost are listed in docs/kernels.md. Needs a Triton
+with Gluon (3.5+); compiled on first use.
 Rows of a tile past its group's end (ragged groups) are read (the next group's rows, or TMA's zero
 fill) and never stored: such a tile is written by masked stores from registers instead.
 """
@@ -40,8 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-# the shipped tile (scripts/grouped_gluon_probe.py rounds d-e: 256 x 128 tiles 0.97x, 4 stages with the
-# tile stored from registers 0.91x, GROUP_M 8 0.995x, a 24-register producer 0.999x)
+# the tile that measured fastest (docs/kernels.md: other tiles, stages, GROUP_M and producer registers lost)
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, COMPUTE_WARPS, GROUP_M, PRODUCER_REGS = 128, 256, 64, 3, 8, 16, 40
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 # TMA's load and store under the names of the Triton at hand (3.6 has only the long ones; later ones
@@ -176,7 +167,7 @@ def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N
 
 
 @gluon.jit
-def _grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
+def grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
                        GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, TMA_STORE: gl.constexpr,
                        num_warps: gl.constexpr):
     """Persistent and warp-specialized: one producer warp, num_warps compute warps; a ring stage is
@@ -210,13 +201,13 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
                       warps: int = COMPUTE_WARPS, group_m: int = GROUP_M, producer_regs: int = PRODUCER_REGS,
                       tma_store: bool = True) -> torch.Tensor:
     """out[offs[g-1]:offs[g]] = a[...] @ b[g], on an sm_90 GPU. Operands as `kernels.grouped_matmul`
-    checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs are for probes."""
+    checks them (fp16/bf16, contiguous, K % block_k == 0, N % 8 == 0); the tile knobs default to the measured tile."""
     G, K, N = b.shape
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     a_desc, b_desc, c_desc = descriptors(a, b, c, block_m, block_n, block_k)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     tiles = G * triton.cdiv(max(max_rows, 1), block_m) * triton.cdiv(N, block_n)
-    _grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
+    grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
                                           GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
                                           num_warps=warps)
     return c
