@@ -82,10 +82,11 @@ def time_cold(call, operands: tuple, device, repeats: int = 10) -> float:
     return time_kernel(lambda: call(*next(sets)), device, repeats)
 
 
-def time_eager(fn, device, calls: int = 200, repeats: int = 5, warmup: int = 10) -> float:
+def time_eager(fn, device, calls: int = 200, repeats: int = 5, warmup: int = 10, host_only: bool = False) -> float:
     """Seconds per call of fn called eagerly: the median over repeats of (wall time of `calls` calls
     back to back, a synchronize before and after) / calls. When the device is faster than the host,
-    this is the host's cost per call (checks, planning, launches); no CUDA graph hides it."""
+    this is the host's cost per call (checks, planning, launches); no CUDA graph hides it. host_only:
+    stop the clock when the last call returns (the host's enqueue time), before the closing synchronize."""
     if calls < 1 or repeats < 1:
         raise ValueError(f"calls and repeats must be >= 1, got {calls}, {repeats}")
     for _ in range(warmup):
@@ -96,8 +97,9 @@ def time_eager(fn, device, calls: int = 200, repeats: int = 5, warmup: int = 10)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
+        t1 = time.perf_counter()
         synchronize(device)
-        per_call.append((time.perf_counter() - t0) / calls)
+        per_call.append(((t1 if host_only else time.perf_counter()) - t0) / calls)
     return statistics.median(per_call)
 
 

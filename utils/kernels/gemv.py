@@ -112,16 +112,16 @@ class GemvPlan:
             x, qweight, qzeros, scales = (t.contiguous() for t in (x, qweight, qzeros, scales))
         if x.data_ptr() % 16:
             x = x.clone()                         # f16x2 reads x 16 bytes at a time: 16-byte aligned
-        y = torch.empty((self.N,), device=x.device, dtype=x.dtype)
+        y = torch.empty((1, self.N), device=x.device, dtype=x.dtype)
         self.calls += 1
         if self._gemv is None:                    # autotuned: the first call chooses the tile
             self._autotune(x, qweight, qzeros, scales, y)
-            return y.view(1, self.N)
+            return y
         aligned = (qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr()) % 16 == 0
         self._gemv((x, qweight, qzeros, scales, y, self.workspace, self.counters, self.K, self.N), aligned)
         if self._sum is not None:
             self._sum((self._part, y, x, qweight, qzeros, scales, self.K, self.N), aligned)
-        return y.view(1, self.N)
+        return y
 
     def _autotune(self, x, qweight, qzeros, scales, y) -> None:
         grid = lambda m: (triton.cdiv(self.N, m["BLOCK_N"]), m["SPLIT_K"])  # noqa: E731
