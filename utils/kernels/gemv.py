@@ -140,8 +140,9 @@ def int4_gemv_plan(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 1
                    dequant: str | None = None, num_stages: int = 2, fixup: str | None = None) -> GemvPlan:
     """The plan int4_gemv runs for these operands and options (arguments as int4_gemv's), made and checked
     on the first call with their device, dtypes and shapes and taken from kernels.cache after that."""
-    key = (x.device, qweight.device, x.dtype, x.shape, qweight.shape, qweight.dtype, qzeros.shape, qzeros.dtype,
-           scales.shape, scales.dtype, group_size, block_n, split_k, num_warps, dequant, num_stages, fixup)
+    key = (x.device, qweight.device, qzeros.device, scales.device, x.dtype, x.shape, qweight.shape, qweight.dtype,
+           qzeros.shape, qzeros.dtype, scales.shape, scales.dtype, group_size, block_n, split_k, num_warps, dequant,
+           num_stages, fixup)
     plan = cache.gemv_plans.get(key)
     if plan is None:
         plan = _make_plan(x, qweight, qzeros, scales, group_size, block_n, split_k, num_warps, dequant, num_stages,
