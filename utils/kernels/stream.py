@@ -8,6 +8,7 @@ import triton.language as tl
 from .common import _check
 
 
+@triton.jit
 def _stream_read_kernel(q_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     q = tl.load(q_ptr + offs, mask=offs < n, other=0, eviction_policy="evict_first")
