@@ -112,7 +112,7 @@ def _why_not_tma(a: torch.Tensor, b: torch.Tensor) -> str | None:
     9+, 16-bit data, K a multiple of 64, N of 8, contiguous 16-byte-aligned operands, some rows."""
     if interpreted() or a.device.type != "cuda" or torch.version.hip is not None:
         return "it needs an NVIDIA GPU (not the interpreter, not ROCm)"
-    if torch.cuda.get_device_capability(a.device)[0] < 9:
+    if cache.device_info(a.device)["capability"][0] < 9:
         return "it needs compute capability 9.0 or newer (TMA)"
     K, N = b.shape[1], b.shape[2]
     if a.dtype not in (torch.float16, torch.bfloat16):
@@ -131,7 +131,7 @@ def _why_not_gluon(a: torch.Tensor, why_not_tma: str | None) -> str | None:
     TMA kernel's conditions (why_not_tma, _why_not_tma's answer for the same operands), wgmma (sm_90
     exactly), and a Triton with Gluon."""
     why = why_not_tma
-    if why is None and torch.cuda.get_device_capability(a.device) != (9, 0):
+    if why is None and cache.device_info(a.device)["capability"] != (9, 0):
         why = "it needs an sm_90 GPU (Hopper's wgmma)"
     if why is None:
         try:

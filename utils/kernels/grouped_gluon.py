@@ -32,6 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .common import cache
+
 # the tile that measured fastest (docs/kernels.md: other tiles, stages, GROUP_M and producer registers lost)
 BLOCK_M, BLOCK_N, BLOCK_K, STAGES, COMPUTE_WARPS, GROUP_M, PRODUCER_REGS = 128, 256, 64, 3, 8, 16, 40
 GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -205,7 +207,7 @@ def grouped_matmul_ws(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_
     G, K, N = b.shape
     c = torch.empty((a.shape[0], N), device=a.device, dtype=a.dtype)
     a_desc, b_desc, c_desc = descriptors(a, b, c, block_m, block_n, block_k)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    sms = cache.device_info(a.device)["sms"]
     tiles = G * triton.cdiv(max(max_rows, 1), block_m) * triton.cdiv(N, block_n)
     grouped_ws_kernel[(min(sms, tiles),)](a_desc, b_desc, c_desc, c, offs, G, N, K, max_rows, STAGES=stages,
                                           GROUP_M=group_m, PRODUCER_REGS=producer_regs, TMA_STORE=tma_store,
