@@ -98,7 +98,7 @@ def test_grouped_kernel_says_why_a_kernel_cannot_run():
 def test_gluon_grouped_gemm_descriptors_view_b_as_one_matrix():
     """The Gluon kernel's TMA descriptors (built on the host, so checkable on a CPU): B [G, K, N] is one
     [G*K, N] matrix whose group g starts at row g*K; each tile's rows are 128-byte swizzled (the widest)."""
-    gg = pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
+    gg = pytest.importorskip("utils.kernels.grouped_gluon", reason="this Triton has no Gluon")
     a = torch.zeros(300, 128, dtype=torch.bfloat16)
     b = torch.zeros(3, 128, 264, dtype=torch.bfloat16)
     c = torch.zeros(300, 264, dtype=torch.bfloat16)
@@ -113,7 +113,7 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-import utils.grouped_gluon as gg
+import utils.kernels.grouped_gluon as gg
 lay = gg.gl.NVMMASharedLayout.get_default_for
 desc = lambda shape: f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl.bfloat16)!r}>"
 sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
@@ -122,7 +122,7 @@ sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.
        "TMA_STORE": "constexpr", "num_warps": "constexpr"}
 const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,
          "num_warps": gg.COMPUTE_WARPS}
-ck = triton.compile(GluonASTSource(fn=gg._grouped_ws_kernel, signature=sig, constexprs=const),
+ck = triton.compile(GluonASTSource(fn=gg.grouped_ws_kernel, signature=sig, constexprs=const),
                     target=GPUTarget("cuda", 90, 32), options={"num_warps": gg.COMPUTE_WARPS})
 print("RESULT " + json.dumps({"ptx": ck.asm["ptx"], "shared": ck.metadata.shared}))
 """
@@ -140,7 +140,7 @@ def test_gluon_grouped_gemm_compiles_for_hopper_here(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
-    pytest.importorskip("utils.grouped_gluon", reason="this Triton has no Gluon")
+    pytest.importorskip("utils.kernels.grouped_gluon", reason="this Triton has no Gluon")
     pytest.importorskip("triton.backends.nvidia.compiler", reason="this Triton has no NVIDIA backend")
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path),    # compiled afresh, not cached
@@ -185,9 +185,10 @@ def test_gptq_pack_dequant_hand_case():
     assert (wd - w).abs().max().item() <= s.float().max().item() * (0.5 + 8 * 2**-11)
 
 
-def fixup_state(device, key: tuple):
-    """(workspace, counters) int4_gemv made for key, which its calls above must have made."""
-    return kernels._GEMV_STATE[(str(torch.device(device)),) + key]
+def fixup_state(x, qw, qz, s, **options):
+    """(workspace, counters) of the plan int4_gemv runs for these operands and options."""
+    plan = kernels.int4_gemv_plan(x, qw, qz, s, 128, **options)
+    return plan.workspace, plan.counters
 
 
 @pytest.mark.parametrize("split_k", [1, 3, 4])
@@ -207,7 +208,7 @@ def test_int4_gemv_matches_dequant_reference(split_k):
     for _ in range(3):
         assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=split_k), y)
     if split_k > 1:
-        counters = fixup_state(x.device, ("fixed", 96, 32, split_k))[1]
+        counters = fixup_state(x, qw, qz, s, block_n=32, split_k=split_k)[1]
         assert counters.numel() == 3 and int((counters & 0xFFFF).abs().sum()) == 0
         assert len(set((counters >> 16).tolist())) == 1 and int(counters[0] >> 16) >= 5
     # the other fix-up (a sum kernel, with PDL on sm_90+): right, the same bits every call, and within
@@ -269,25 +270,7 @@ def test_roofline_bytes_and_bounds():
         roofline.int4_weight_bytes(100, 8, 128)
 
 
-def test_operand_copies_reach_the_byte_target_with_separate_storage():
-    w, x = torch.arange(1000, dtype=torch.float32), torch.ones(10)
-    sets = roofline.operand_copies((x, w, 128), at_least_bytes=3 * 4040 + 1)     # 4040 bytes per set
-    assert len(sets) == 4 and sets[0][0] is x and all(s[2] == 128 for s in sets)
-    assert all(torch.equal(s[1], w) for s in sets)
-    assert len({s[1].data_ptr() for s in sets}) == 4                              # four storages, not views
-    assert len(roofline.operand_copies((x,), 1)) == 2                             # at least one copy to rotate to
-    calls = []
-    assert roofline.time_cold(lambda a, b: calls.append((a, b)), (x, w), "cpu", repeats=3) > 0
-    assert len(calls) == 5 and all(c[1] is w for c in calls)                      # CPU: no copies, no L2 to beat
-
-
-def test_time_kernel_on_cpu_is_a_positive_median():
-    calls = []
-    t = roofline.time_kernel(lambda: calls.append(1), "cpu", repeats=3)
-    assert t > 0 and len(calls) == 2 + 3                      # warm-up runs, then the timed repeats
-
-
-def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(monkeypatch):
+def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape():
     """The GPU autotuner's candidates: split-K a compile-time constant (so the fix-up is unrolled), never
     above 64 (the measured cliff), one candidate per distinct (tile, warps, split, stages). The one-wave
     candidate on an H200's 132 SMs: 3696 one-warp programs at 72 registers, so split 6 for 592 column
@@ -295,15 +278,11 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
     32-column tiles sum a split of 16 or more in the sum kernel, whose one-warp programs (one per 32
     columns) must fit beside the GEMV's: the one-wave split for 112 column blocks is then 32; other
     tiles keep the in-kernel fix-up."""
-    monkeypatch.setattr(kernels, "_sm_count", lambda device: 132)
-    configs = kernels._int4_gemv_tuned.configs
-    x = torch.zeros(1)
     cases = (((3584, 18944, False), {6, 7, 14}, set()), ((18944, 3584, False), {30, 33, 37, 50}, set()),
              ((256, 18944, False), {1, 2}, set()), ((3584, 18944, True), {6, 7, 14}, set()),
              ((18944, 3584, True), {30, 32, 37, 50}, {30, 32}))
     for (K, N, pdl), want, by_sum_kernel in cases:
-        monkeypatch.setattr(kernels, "gemv_pdl", lambda x, pdl=pdl: pdl)
-        pruned = kernels._gemv_prune(configs, {"K": K, "N": N, "x_ptr": x}, GROUP=128)
+        pruned = kernels.gemv_candidates(K, N, 128, sms=132, pdl=pdl)
         splits = {c.kwargs["SPLIT_K"] for c in pruned}
         assert splits == want, (K, pdl, splits)
         assert {c.kwargs["SPLIT_K"] for c in pruned if c.kwargs["SUM_KERNEL"]} == by_sum_kernel, (K, pdl)
@@ -315,13 +294,13 @@ def test_int4_gemv_autotune_turns_groups_per_program_into_a_split_k_per_shape(mo
         ws, locks = 0, 0
         for c in pruned:
             assert (c.kwargs["WS_OFF"], c.kwargs["LOCK_OFF"]) == (ws, locks)
-            words, counters = kernels._gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N)
+            words, counters = kernels.gemv_state_words(c.kwargs["BLOCK_N"], c.kwargs["SPLIT_K"], N)
             ws, locks = ws + words, locks + counters
             assert c.kwargs["POLL_ROWS"] * c.kwargs["BLOCK_N"] <= 32 * 32 * c.num_warps or c.kwargs["POLL_ROWS"] == 1
-    assert kernels._gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
-    assert kernels._gemv_one_wave_split(10_000, 8, 1, 132) == 64      # the same cap for the one-wave split
-    assert kernels._gemv_one_wave_split(148, 10_000, 1, 132) == 1     # more column blocks than fit: no split
-    assert kernels._gemv_one_wave_split(148, 112, 1, 132, reserve=112) == 32          # room left for 112 more
+    assert kernels.gemv_split(10_000, 2) == 64          # 10000 groups: at most 64 programs along K
+    assert kernels.gemv_one_wave_split(10_000, 8, 1, 132) == 64      # the same cap for the one-wave split
+    assert kernels.gemv_one_wave_split(148, 10_000, 1, 132) == 1     # more column blocks than fit: no split
+    assert kernels.gemv_one_wave_split(148, 112, 1, 132, reserve=112) == 32          # room left for 112 more
     assert kernels.resident_programs(72, 1, 132) == 3696 and kernels.resident_programs(64, 1, 132) == 4224
 
 
@@ -337,7 +316,7 @@ def test_gemv_hopper_tile_is_the_measured_one_wave_tile():
     assert (tile["split_k"], tile["fixup"]) == (33, "in-kernel")
     assert kernels.gemv_hopper_tile(1, 64, 132, True)["split_k"] == 1       # one group: nothing to split
     # 220 column blocks: one wave is split 16, 15 with the sum kernel's room, so the in-kernel fix-up
-    # (below _GEMV_SUM_MIN_SPLIT), as the autotuner's one-wave candidate has it
+    # (below gemv_plan.SUM_MIN_SPLIT), as the autotuner's one-wave candidate has it
     tile = kernels.gemv_hopper_tile(148, 7040, 132, True)
     assert (tile["split_k"], tile["fixup"]) == (15, "in-kernel")
 
@@ -394,7 +373,7 @@ def test_int4_gemv_has_a_fix_up_counter_for_every_column_block():
     x = torch.randn(1, 256).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
-    work, counters = fixup_state(x.device, ("fixed", 33024, 32, 2))
+    work, counters = fixup_state(x, qw, qz, s, block_n=32, split_k=2)
     assert counters.numel() == 1032 and work.numel() == 2 * 33024
     assert int((counters & 0xFFFF).abs().sum()) == 0
     assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 256)
@@ -411,12 +390,12 @@ def test_int4_gemv_whose_fix_up_state_is_broken_still_answers_right():
     x = torch.randn(1, 512).half().to(DEVICE)
     ref = x.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
     good = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
-    work, counters = fixup_state(x.device, ("fixed", 32, 32, 4))
+    work, counters = fixup_state(x, qw, qz, s, block_n=32, split_k=4, num_warps=1)
     counters += 3                                           # three arrivals that never happened
     for _ in range(2):
         y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=4, num_warps=1)
         assert metrics.relative_l2(y, ref) <= metrics.matmul_error_bound(torch.float16, 512)
-    work.fill_(1)                                           # the state made anew (as _gemv_state makes it)
+    work.fill_(1)                                           # the state made anew (as gemv_plan.gemv_state makes it)
     counters.zero_()
     x2 = torch.randn(1, 512).half().to(DEVICE)
     ref2 = x2.double() @ kernels.dequant_gptq_int4(qw, qz, s, 128).double()
@@ -447,8 +426,8 @@ def test_int4_gemv_tiles_that_take_turns_keep_their_own_fix_up_state():
     for k, warps in ((3, 1), (4, 4), (3, 4)):
         y = kernels.int4_gemv(x2, qw, qz, s, 128, block_n=32, split_k=k, num_warps=warps)
         assert metrics.relative_l2(y, ref2) <= metrics.matmul_error_bound(torch.float16, 1024)
-    w3 = fixup_state(x.device, ("fixed", 64, 32, 3))[0]
-    w4 = fixup_state(x.device, ("fixed", 64, 32, 4))[0]
+    w3 = fixup_state(x, qw, qz, s, block_n=32, split_k=3)[0]
+    w4 = fixup_state(x, qw, qz, s, block_n=32, split_k=4)[0]
     assert w3.numel() == 2 * 3 * 32 and w4.numel() == 2 * 4 * 32 and w3.data_ptr() != w4.data_ptr()
 
 
@@ -467,3 +446,64 @@ def test_stream_read_reads_every_word():
         int(np.bitwise_xor.reduce(c.numpy())) for c in words.split(512)]
     with pytest.raises(ValueError, match="multiple of 4 bytes"):
         kernels.stream_read(torch.zeros(3, dtype=torch.float16, device=DEVICE))
+
+
+def test_int4_gemv_plans_once_per_shape_and_a_reset_forgets_the_plans():
+    """The first call with a (device, dtypes, shapes, options) plans it; later calls take the plan from
+    kernels.cache (no checks redone, no state made, no device queried); another shape or option plans
+    anew; kernels.cache.reset() forgets every plan and state, and the next call makes them again."""
+    torch.manual_seed(7)
+    qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(torch.randn(256, 64) * 0.02, 128))
+    x = torch.randn(1, 256).half().to(DEVICE)
+    kernels.cache.reset()
+    assert kernels.cache.plans_made == 0 and not kernels.cache.gemv_states
+    y = kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2)
+    plan = kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=2)
+    assert kernels.cache.plans_made == 1 and plan.calls == 1 and plan.tile["split_k"] == 2
+    states = dict(kernels.cache.gemv_states)
+    for _ in range(3):
+        assert torch.equal(kernels.int4_gemv(torch.randn(1, 256).half().to(DEVICE) * 0 + x, qw, qz, s, 128,
+                                             block_n=32, split_k=2), y)
+    assert kernels.cache.plans_made == 1 and plan.calls == 4 and kernels.cache.gemv_states == states
+    kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=1)         # another option: another plan
+    assert kernels.cache.plans_made == 2
+    kernels.cache.reset()
+    assert kernels.cache.plans_made == 0 and not kernels.cache.gemv_plans and not kernels.cache.gemv_states
+    assert torch.equal(kernels.int4_gemv(x, qw, qz, s, 128, block_n=32, split_k=2), y)
+    again = kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=2)
+    assert again is not plan and kernels.cache.plans_made == 1
+
+
+def test_int4_gemv_bad_input_is_refused_on_every_call_not_cached():
+    """A refused call leaves no plan behind: the same bad input is refused again, with the same message."""
+    qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(torch.randn(256, 64) * 0.02, 128))
+    kernels.cache.reset()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="x has K=128 but qweight packs K=256"):
+            kernels.int4_gemv(torch.randn(1, 128).half().to(DEVICE), qw, qz, s, 128, block_n=32)
+    assert kernels.cache.plans_made == 0 and not kernels.cache.gemv_plans
+
+
+def test_int4_gemv_plan_hit_costs_microseconds_on_the_host():
+    """The host's side of a call with a plan: the lookup that int4_gemv does before launching. Timed on
+    the CPU (the launches are the GPU's): well under the 30 us an eager call may cost in all, and far
+    below a miss, which checks, plans and allocates the fix-up's state."""
+    import time
+    qw, qz, s = (t.to(DEVICE) for t in kernels.pack_gptq_int4(torch.randn(1024, 256) * 0.02, 128))
+    x = torch.randn(1, 1024).half().to(DEVICE)
+
+    def per_call(fn, n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+    kernels.cache.reset()
+    kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=4)
+    hit = min(per_call(lambda: kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=4), 2000)
+              for _ in range(3))
+
+    def miss():
+        kernels.cache.reset()
+        kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=4)
+    cold = min(per_call(miss, 200) for _ in range(3))
+    assert hit < 10e-6 and hit * 3 < cold, (hit, cold)

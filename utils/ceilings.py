@@ -2,17 +2,17 @@
 
 Datasheet numbers are leads, not facts: a roofline (屋顶模型) drawn from what this device really
 reaches is the yardstick Lab 05 holds its kernels against. Every measurement warms up first, times
-with device events (host clock after a synchronize on CPU), uses random data (zeros run faster on
-some GPUs), and reports the median of repeats.
+with utils.timing.time_op (device events; host clock after a synchronize on CPU), uses random data
+(zeros run faster on some GPUs), and reports the median of repeats.
 """
 from __future__ import annotations
 
 import contextlib
 import statistics
-import time
-from typing import Callable
 
 import torch
+
+from .timing import synchronize, time_op  # noqa: F401  (the course's one timer)
 
 MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16", "int8")
 _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
@@ -21,37 +21,6 @@ _TORCH_DTYPE = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.floa
 
 def _device_type(device: str) -> str:
     return torch.device(device).type
-
-
-def synchronize(device: str) -> None:
-    kind = _device_type(device)
-    mod = getattr(torch, kind, None)
-    if kind != "cpu" and mod is not None and hasattr(mod, "synchronize"):
-        mod.synchronize()
-
-
-def time_op(fn: Callable[[], object], device: str, warmup: int = 3, repeats: int = 10) -> list[float]:
-    """Seconds per call of fn, one entry per repeat; device events on GPUs, perf_counter on CPU."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    kind = _device_type(device)
-    event_cls = getattr(getattr(torch, kind, None), "Event", None) if kind != "cpu" else None
-    times = []
-    for _ in range(repeats):
-        if event_cls is not None:
-            start, end = event_cls(enable_timing=True), event_cls(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            times.append(time.perf_counter() - t0)
-    return times
 
 
 @contextlib.contextmanager

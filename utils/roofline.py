@@ -7,9 +7,9 @@ ridge, memory-bound either way, and its speed-up from Int4 is bounded by the rat
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
+
+from .timing import operand_copies, time_cold, time_kernel  # noqa: F401  (Lab 05 calls them here)
 
 
 def gemm_bytes(m: int, n: int, k: int, a_bytes: float, b_bytes: float, c_bytes: float) -> float:
@@ -31,42 +31,6 @@ def point(name: str, flops: float, nbytes: float, seconds: float) -> dict:
         raise ValueError(f"{name}: seconds and bytes must be > 0, got {seconds}, {nbytes}")
     return {"kernel": name, "flops": flops, "bytes": nbytes, "seconds": seconds,
             "intensity": flops / nbytes, "tflops": flops / seconds / 1e12, "gbps": nbytes / seconds / 1e9}
-
-
-def time_kernel(fn, device: str, repeats: int = 10) -> float:
-    """Seconds per call. On CUDA: median of CUDA-graph replays (triton.testing.do_bench_cudagraph), so
-    a Python wrapper's launch overhead (tens of us for a Triton launch) is not counted against a
-    10 us kernel; elsewhere: the median of ceilings.time_op."""
-    import statistics
-
-    from .ceilings import time_op
-
-    if str(device).startswith("cuda"):
-        from triton.testing import do_bench_cudagraph
-        return float(do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1e-3
-    return statistics.median(time_op(fn, device, warmup=2, repeats=repeats))
-
-
-def operand_copies(operands: tuple, at_least_bytes: int) -> list[tuple]:
-    """[operands, clone, clone, ...]: enough sets of the tensors in operands (others passed as they are)
-    that together they hold at least at_least_bytes; each clone has its own storage."""
-    nbytes = sum(t.numel() * t.element_size() for t in operands if hasattr(t, "element_size"))
-    n = max(2, -(-at_least_bytes // max(nbytes, 1)))
-    return [operands] + [tuple(t.clone() if hasattr(t, "clone") else t for t in operands) for _ in range(n - 1)]
-
-
-def time_cold(call, operands: tuple, device: str, repeats: int = 10) -> float:
-    """Seconds per call(*operands) with its operands read from DRAM, not from L2. On CUDA the CUDA-graph
-    replays rotate over copies of the operands that together pass 3x the L2 cache, as a decode step reads
-    each layer's weights once per token; replaying one copy would let part of a 34 MB Int4 layer stay in
-    a 50 MB L2 and report L2 speed as DRAM's (on the H200: 12.0 us hot, 15.4 us cold;
-    docs/lab05-kernels-gpu.md). Elsewhere, time_kernel of the call."""
-    if not str(device).startswith("cuda"):
-        return time_kernel(lambda: call(*operands), device, repeats)
-    import torch
-    l2 = torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
-    sets = itertools.cycle(operand_copies(operands, 3 * l2))
-    return time_kernel(lambda: call(*next(sets)), device, repeats)
 
 
 def attainable_tflops(intensity, peak_tflops: float, bandwidth_gbps: float):
