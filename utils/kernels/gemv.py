@@ -70,7 +70,7 @@ class _Launch:
         if aligned and not interpreted() and hasattr(compiled, "__getitem__"):
             names = self.fn.arg_names[len(args):]
             self.tail = tuple(self.consts[n] for n in names)
-            self.runner = compiled[self.grid]
+            self.runner = compiled[tuple(self.grid) + (1,) * (3 - len(self.grid))]   # it reads grid[0..2]
 
 
 @dataclass
