@@ -119,7 +119,7 @@ def markdown(s: dict) -> str:
              f"GSM8K: {s['gsm8k']}. Host RAM assumed for an AutoDL RTX 4090 instance: {s['host_ram_assumed_gb']} GB "
              "(AutoDL allocates memory per GPU by host; its docs example is 32 GB/GPU).", ""]
     b = s.get("build") or {}
-    if b:
+    if all(k in b for k in ("tokenizer", "model", "bf16", "int4")):
         lines += [f"Build: tokenizer {_f(b['tokenizer']['seconds'])} s, model {_f(b['model']['seconds'])} s "
                   f"({b['model']['parameters'] / 1e9:.3f} B parameters), bf16 written {b['bf16']['bytes'] / 2**30:.2f} GiB "
                   f"in {_f(b['bf16']['seconds'])} s, gptq-int4 {b['int4']['bytes'] / 2**30:.2f} GiB in "
