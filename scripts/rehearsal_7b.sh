@@ -53,8 +53,9 @@ stop_monitors() { kill "$SMI_PID" "$HOST_PID" 2>/dev/null; wait "$SMI_PID" "$HOS
 if [ ! -f "$W/models/build.json" ]; then
   say "building the 7B-shaped pair (random weights, seed 0) into $W/models"
   rm -rf "$W/models.partial"
+  # shellcheck disable=SC2086  # REHEARSAL_BUILD_ARGS="--tiny --device cpu": a dry run of this script on a CPU
   timeout -k 10 "$(left)" python3 scripts/make_7b_pair.py --out "$W/models.partial" --data "$W/gsm8k" \
-    2>&1 | tee -a "$W/logs/build.log"
+    ${REHEARSAL_BUILD_ARGS:-} 2>&1 | tee -a "$W/logs/build.log"
   if [ -f "$W/models.partial/build.json" ]; then mv "$W/models.partial" "$W/models"
   else say "build failed (build.log)"; fi
   du -sh "$W"/models*/* 2>/dev/null
@@ -69,7 +70,7 @@ chain() {   # ci.run with the time left, its lines timestamped (epoch seconds) f
   timeout -k 15 --signal=INT "$t" python3 -m ci.run --runs-dir "$W/runs" "$@" 2>&1 |
     while IFS= read -r line; do printf '%s %s\n' "$(date +%s)" "$line"; done | tee -a "$W/logs/chain.log"
 }
-prof=ci/profiles/rehearsal-7b.yaml
+prof=${REHEARSAL_PROFILE:-ci/profiles/rehearsal-7b.yaml}   # another profile file: a CPU dry run of this script
 status=0
 if [ -f "$W/models/build.json" ]; then
   case "$part" in
