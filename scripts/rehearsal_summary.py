@@ -20,6 +20,14 @@ RTX4090_GBPS = 1008e9        # RTX 4090 memory bandwidth (NVIDIA spec: 21 Gbps G
 HOST_RAM_ASSUMED_GB = 32     # AutoDL's own example of a 1-GPU instance (autodl.com/docs/env: 32 GB/GPU)
 
 
+def _json(path: Path) -> dict:
+    """A JSON file's content, {} when it is absent or cut short (a run stopped by its timeout)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _rows(path: Path) -> list[list[str]]:
     if not path.is_file():
         return []
@@ -76,15 +84,15 @@ def lab03_extrapolation(res: dict, build: dict) -> list[dict]:
 
 
 def summarize(run: Path, work: Path) -> dict:
-    manifest = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {"labs": []}
+    manifest = _json(run / "run.json") or {"labs": []}
     windows = lab_windows(work / "logs" / "chain.log")
     smi, host = _rows(work / "logs" / "smi.csv"), _rows(work / "logs" / "host.csv")
-    build = json.loads((work / "logs" / "build.json").read_text()) if (work / "logs" / "build.json").is_file() else {}
+    build = _json(work / "logs" / "build.json")
     labs = []
     for e in manifest["labs"]:
         lab = e["lab"]
         pk = work / "peaks" / f"{lab}.json"
-        peaks = json.loads(pk.read_text()) if pk.is_file() else {}
+        peaks = _json(pk)
         w = windows.get(lab)
         seconds = e.get("seconds")
         if e["status"] == "reused" and e.get("from"):               # a --resume run: the time of the run it reused
@@ -103,10 +111,10 @@ def summarize(run: Path, work: Path) -> dict:
            "gsm8k": (work / "gsm8k" / "SOURCE").read_text().strip() if (work / "gsm8k" / "SOURCE").is_file() else "?"}
     r3 = run / "03_eval" / "results.json"
     if r3.is_file():
-        out["lab03"] = lab03_extrapolation(json.loads(r3.read_text()), build)
+        out["lab03"] = lab03_extrapolation(_json(r3), build)
     ab = work / "logs" / "auto_batch.json"
     if ab.is_file():
-        out["auto_batch"] = json.loads(ab.read_text())
+        out["auto_batch"] = _json(ab)
     return out
 
 
