@@ -25,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cap-gib", type=float, default=24)
     ap.add_argument("--max-lengths", type=int, nargs="+", default=[2048, 0])
     ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     from utils import evaluation as ev
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     cap = apply_cap(args.cap_gib)
     print("cap:", cap["reason"], flush=True)
     t0 = time.perf_counter()
-    lm = ev.load_lm(str(args.model), device="cuda", batch_size="auto", max_batch_size=args.max_batch_size)
+    lm = ev.load_lm(str(args.model), device=args.device, batch_size="auto", max_batch_size=args.max_batch_size)
     probes = []
     for ml in args.max_lengths:
         lm._max_length = ml or None                       # lm-eval's own attribute behind its max_length

@@ -80,7 +80,9 @@ if [ -f "$W/models/build.json" ]; then
     part2)
       run1=$(ls -dt "$W"/runs/*-rehearsal-7b 2>/dev/null | head -1)
       if [ -z "$run1" ] && [ -f .rehearsal/run.tar.gz ]; then
-        mkdir -p "$W/carried" && tar -xzf .rehearsal/run.tar.gz -C "$W/carried" && cp -n "$W"/carried/peaks/*.json "$W/peaks/" 2>/dev/null
+        mkdir -p "$W/carried" && tar -xzf .rehearsal/run.tar.gz -C "$W/carried"
+        cp -n "$W"/carried/peaks/*.json "$W/peaks/" 2>/dev/null       # part1's peaks and logs, for the summary
+        for f in chain.log smi.csv host.csv; do cat "$W/carried/logs/$f" >> "$W/logs/$f" 2>/dev/null; done
         run1=$(ls -dt "$W"/carried/runs/*-rehearsal-7b 2>/dev/null | head -1)
       fi
       if [ -z "$run1" ]; then say "no part1 run here or in .rehearsal/run.tar.gz: running the whole chain"
@@ -116,7 +118,7 @@ latest=$(ls -dt "$W"/runs/*-rehearsal-7b 2>/dev/null | head -1)
 cp "$W/models/build.json" "$W/logs/build.json" 2>/dev/null
 python3 scripts/rehearsal_summary.py --run "${latest:-$W/runs/none}" --work "$W" --out "$OUT" || say "summary failed"
 # the run folder, peaks and logs, without the model weights (those stay under $W/models)
-tar -czf "$OUT/run.tar.gz" -C "$W" runs peaks logs gsm8k/SOURCE 2>/dev/null
+tar -czf "$OUT/run.tar.gz" --exclude='*/captures/*' --exclude='*.safetensors' -C "$W" runs peaks logs gsm8k/SOURCE 2>/dev/null
 cp "$W/logs/chain.log" "$W/logs/build.log" "$OUT/" 2>/dev/null
 ls -la "$OUT"
 say "done (status $status)"
