@@ -3,7 +3,8 @@
 # (no internet): random-weight BF16 + GPTQ-Int4 pair (scripts/make_7b_pair.py), profile rehearsal-7b.
 #
 # Here, once:  bash ../shared/tools/device-wheels.sh                  # .whl/ (lm-eval, papermill, ...)
-#              mkdir -p .gsm8k && cp ../shared/data/gsm8k/*.jsonl .gsm8k/ && echo /.gsm8k/ >> .git/info/exclude
+#              mkdir -p .gsm8k && for f in train test; do xz -9 -c ../shared/data/gsm8k/$f.jsonl > .gsm8k/$f.jsonl.xz; done
+#              (the real GSM8K, 1.2 MB compressed: what travels must stay under 64 MiB with .whl/'s 35 MB)
 # Then, through the device tool, from the repository root (two calls of < 10 minutes each):
 #   run(carry=['.whl', '.gsm8k'], command='bash scripts/rehearsal_7b.sh part1', timeout_s=600)   # build, Labs 01-03
 #   run(carry=['.whl', '.gsm8k'], command='bash scripts/rehearsal_7b.sh part2', timeout_s=600)   # Labs 04-05 (--resume)
@@ -37,7 +38,10 @@ df -h /tmp | tail -1; free -g | head -2
 # GSM8K: the real one when carried (prompt lengths like Qwen's), else the fixture's synthetic problems
 if [ ! -f "$W/gsm8k/test.jsonl" ]; then
   mkdir -p "$W/gsm8k"
-  if [ -f .gsm8k/test.jsonl ]; then cp .gsm8k/train.jsonl .gsm8k/test.jsonl "$W/gsm8k/"; echo real > "$W/gsm8k/SOURCE"
+  if [ -f .gsm8k/test.jsonl.xz ] && [ -f .gsm8k/train.jsonl.xz ]; then   # xz: 1.2 MB instead of 4.9 under the 64 MiB
+    for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+      ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done; echo real > "$W/gsm8k/SOURCE"
+  elif [ -f .gsm8k/test.jsonl ]; then cp .gsm8k/train.jsonl .gsm8k/test.jsonl "$W/gsm8k/"; echo real > "$W/gsm8k/SOURCE"
   else cp fixtures/tiny-qwen2-gsm/data/*.jsonl "$W/gsm8k/"; echo "fixture (synthetic: shorter prompts)" > "$W/gsm8k/SOURCE"
        say "WARNING: no .gsm8k/ carried: the fixture's synthetic GSM8K (prompts ~470 tokens instead of ~700)"; fi
 fi
