@@ -138,6 +138,11 @@ def markdown(s: dict) -> str:
         lines.append(f"| {l['lab']} | {l['status']} | {_f(l['seconds'])} | {_f(l['gpu_peak_allocated_gib'], 2)} | "
                      f"{_f(l['gpu_peak_reserved_gib'], 2)} | {_f(l['smi_peak_gib'], 2)} | "
                      f"{_f(l['kernel_host_peak_rss_gib'], 2)} | {_f(l['host_used_peak_gib'], 2)} |")
+    reserved = [l["gpu_peak_reserved_gib"] for l in s["labs"] if l["gpu_peak_reserved_gib"] is not None]
+    capped = [l["lab"] for l in s["labs"] if l["cap_applied"]]
+    lines += ["", f"24 GiB cap applied in the kernels of: {', '.join(capped) or 'none'}; largest torch reserved peak "
+              f"{_f(max(reserved, default=None), 2)} GiB (past the cap torch raises out-of-memory: a lab that needed "
+              "more than 24 GiB fails above)."]
     if s.get("failure"):
         f = s["failure"]
         lines += ["", f"Failure: {f.get('lab')} cell {f.get('cell')}: {f.get('ename')}: {str(f.get('evalue'))[:400]}"]
