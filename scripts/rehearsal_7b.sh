@@ -7,9 +7,10 @@
 #              (the real GSM8K, 1.2 MB compressed: what travels must stay under 64 MiB with .whl/'s 35 MB)
 # Then, through the device tool, from the repository root (two calls of < 10 minutes each):
 #   run(carry=['.whl', '.gsm8k'], command='bash scripts/rehearsal_7b.sh part1', timeout_s=600)   # build, Labs 01-03
-#   run(carry=['.whl', '.gsm8k'], command='bash scripts/rehearsal_7b.sh part2', timeout_s=600)   # Labs 04-05 (--resume)
-# part2 on a machine that went cold in between rebuilds the pair (same seed) and needs part1's run:
-# copy part1's run.tar.gz into .rehearsal/ here and carry ['.whl', '.gsm8k', '.rehearsal'].
+#   mkdir -p .rehearsal && cp <part1 files_at>/run.tar.gz .rehearsal/     # here, between the calls
+#   run(carry=['.whl', '.gsm8k', '.rehearsal'], command='bash scripts/rehearsal_7b.sh part2', timeout_s=600)  # Labs 04-05
+# part2 resumes part1's run (ci.run --resume RUN --from the first lab without results): the one still on a
+# warm machine, else the carried .rehearsal/run.tar.gz, and then it rebuilds the pair first (same seed).
 #   bash scripts/rehearsal_7b.sh all      # everything in one go (a machine with no 10-minute limit)
 # Back under $OUT: summary.md / summary.json (per lab: seconds, GPU peaks, host peaks; Lab 03 extrapolated
 # to 1,319 problems), run.tar.gz (the run folder, peaks, logs; no weights), chain.log, build.log.
