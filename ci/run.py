@@ -29,6 +29,7 @@ from utils.runs import REPO_ROOT, RUN_MANIFEST, new_run_dir, runs_root
 
 LABS_DIR = REPO_ROOT / "labs"
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+KERNEL_HOOKS = Path(__file__).resolve().parent / "kernel_hooks"
 
 
 class ChainError(RuntimeError):
@@ -80,6 +81,20 @@ def lab_parameters(profile: dict, lab: str, notebook: Path, run_dir: Path) -> di
     if "profile" in declared:
         params["profile"] = profile["name"]
     return params
+
+
+def check_common_params(profile: dict, labs: dict[str, Path]) -> None:
+    """Every key of the profile's `params` must be declared by at least one lab of the chain: a key that
+    no notebook reads would otherwise be dropped without a word (a misspelt or stale setting)."""
+    import papermill
+
+    declared = set()
+    for notebook in labs.values():
+        declared |= set(papermill.inspect_notebook(str(notebook)))
+    unread = sorted(set(profile["params"] or {}) - declared)
+    if unread:
+        raise ChainError(f"profile {profile['name']!r} sets params {unread}, which no lab of the chain "
+                         f"declares in its parameters cell ({', '.join(labs)}): remove or rename them")
 
 
 def _git_commit() -> str:
@@ -176,6 +191,7 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
     for lab in profile["labs"] or {}:
         if lab not in labs:
             raise ChainError(f"profile {profile['name']!r} names lab {lab!r}, which has no notebook in labs/")
+    check_common_params(profile, labs)
 
     run_dir = new_run_dir(profile["name"], runs_dir)
     manifest = {"schema": "quant-lab/run", "schema_version": 1, "run_id": run_dir.name,
@@ -202,7 +218,9 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
     save()
 
     env_backup = dict(os.environ)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    # ci/kernel_hooks: the kernels' sitecustomize (utils/gpu_cap.py: a profile's GPU memory cap, peaks)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), str(KERNEL_HOOKS),
+                                                             os.environ.get("PYTHONPATH")]))
     os.environ.update({k: str(v) for k, v in (profile.get("env") or {}).items()})
     km = kernel_manager_class()
     kernel_kwargs = {"kernel_manager_class": km} if km else {}

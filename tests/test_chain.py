@@ -39,7 +39,7 @@ def labs(tmp_path):
 
 
 def profile(tmp_path, **labs):
-    return {"name": "test", "params": {"size": 7, "unrelated": 1}, "labs": labs or {"01_a": {}},
+    return {"name": "test", "params": {"size": 7}, "labs": labs or {"01_a": {}},
             "_path": str(tmp_path / "test.yaml")}
 
 
@@ -123,11 +123,32 @@ def test_profile_errors_are_caught_before_damage(tmp_path, labs):
         chain.load_profile("no-such-profile")
 
 
+def test_a_common_param_no_lab_declares_is_an_error_naming_it(tmp_path, labs):
+    """A profile's params key that no notebook reads would be dropped without a word: refuse it, before
+    any run folder is made. A key that only some labs declare goes to those labs only."""
+    prof = profile(tmp_path)
+    prof["params"]["rocm_safe_kernelz"] = True
+    with pytest.raises(chain.ChainError, match=r"sets params \['rocm_safe_kernelz'\], which no lab"):
+        chain.run_chain(prof, labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    make_lab(labs, "03_c", GOOD.format(name="03_c").replace('profile}', 'profile, "only_here": only_here}'))
+    nb = labs / "03_c" / "03_c.ipynb"
+    book = nbformat.read(nb, as_version=4)
+    book.cells[1].source += "only_here = 0\n"
+    nbformat.write(book, nb)
+    prof = profile(tmp_path)
+    prof["params"]["only_here"] = 5
+    run_dir = chain.run_chain(prof, labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    assert results.read_results(run_dir / "03_c")["headline"]["only_here"] == 5
+    assert chain.lab_parameters(prof, "01_a", labs / "01_a" / "01_a.ipynb", run_dir).get("only_here") is None
+
+
 def test_shipped_profiles_match_the_shipped_notebooks(tmp_path):
     labs = chain.discover_labs()
     assert "01_env" in labs
-    for name in ("cpu-tiny", "rtx4090", "rocm", "h200"):
+    for name in ("cpu-tiny", "rtx4090", "rocm", "h200", "rehearsal-7b"):
         prof = chain.load_profile(name)
+        chain.check_common_params(prof, labs)           # every common param is read by some lab
         for lab in prof["labs"]:
             assert lab in labs, f"{name} names {lab}"
             chain.lab_parameters(prof, lab, labs[lab], tmp_path)  # raises on undeclared parameters

@@ -130,22 +130,42 @@ def resolve_dtype(model_path: str | Path, device: str, dtype: str = "auto") -> s
 
 def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", parallelize: bool = False,
                tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_gen_toks: int = 256,
+               max_length: int | None = None, gptq_backend: str | None = None,
                param: str = "model") -> dict[str, Any]:
-    """The lm-eval model_args for a backend; refuses an unknown backend or a model folder that is absent."""
+    """The lm-eval model_args for a backend; refuses an unknown backend or a model folder that is absent.
+
+    max_length: prompt + generated tokens at most (lm-eval's own argument; None: the model's maximum,
+    which is also the length lm-eval's automatic batch size probes at). gptq_backend: the GPTQModel kernel
+    of a GPTQ checkpoint (hf: load_lm loads it with that kernel; vllm: "gptq_marlin" or "gptq" become its
+    `quantization`); not set for an unquantized model.
+    """
     if backend not in BACKENDS:
         raise EvalInputError(f"backend: {backend!r} is not supported; use one of {list(BACKENDS)}")
     path = Path(str(model_path))
     if not (path.is_dir() and (path / "config.json").is_file()):
         raise EvalInputError(f"{param}: {model_path} is not a model folder (no config.json there); give the "
                              "path of a local checkpoint (Lab 02 resolves hub ids to local paths)")
+    if max_length is not None and (int(max_length) != max_length or max_length <= max_gen_toks):
+        raise EvalInputError(f"max_length: {max_length!r} must be a whole number of tokens above max_gen_toks "
+                             f"({max_gen_toks}): the prompt and the generation share it; None means the model's")
+    quantized = is_gptq(path)
     if backend == "vllm":
         from importlib.util import find_spec
 
         if find_spec("vllm") is None:
             raise EvalInputError("backend: 'vllm' is not installed on this machine; use backend='hf'")
-        return {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
+        args = {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
                 "data_parallel_size": int(data_parallel_size), "max_gen_toks": int(max_gen_toks)}
+        if max_length is not None:
+            args["max_length"] = int(max_length)
+        if quantized and gptq_backend not in (None, "auto"):
+            args["quantization"] = "gptq_marlin" if gptq_backend == "gptq_marlin" else "gptq"
+        return args
     args = {"pretrained": str(path), "dtype": dtype}
+    if max_length is not None:
+        args["max_length"] = int(max_length)
+    if quantized:
+        args["gptq_backend"] = gptq_backend or "auto"
     if parallelize:
         args["parallelize"] = True  # HF naive pipeline over all visible GPUs (accelerate device_map)
     return args
@@ -158,6 +178,7 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
 
     kwargs["dtype"] = resolve_dtype(model_path, device, kwargs.get("dtype", "auto"))
     args = model_args(model_path, backend, param=param, **kwargs)
+    kernel = args.pop("gptq_backend", None)          # ours, not an lm-eval argument
     extra = {"batch_size": batch_size, "max_batch_size": max_batch_size,
              "device": None if backend == "vllm" or args.get("parallelize") else device}
     try:
@@ -169,9 +190,9 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
 
             from .models import load_model, load_tokenizer
 
-            model = load_model(args["pretrained"], device, getattr(torch, args["dtype"], None))
+            model = load_model(args["pretrained"], device, getattr(torch, args["dtype"], None), backend=kernel)
             return HFLM(pretrained=model, tokenizer=load_tokenizer(args["pretrained"]), batch_size=batch_size,
-                        max_batch_size=max_batch_size)
+                        max_batch_size=max_batch_size, max_length=args.get("max_length"))
         return lm_eval.api.registry.get_model(backend).create_from_arg_obj(args, extra)
     except Exception as exc:  # noqa: BLE001 - any load failure is the model parameter's problem
         raise EvalInputError(f"{param}: {model_path} does not load as a {backend} model "
@@ -211,7 +232,8 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
               backend: str = "hf", device: str = "cpu", batch_size: int | str = "auto", num_fewshot: int = 5,
               apply_chat_template: bool = False, fewshot_as_multiturn: bool = False, limit: int | None = None,
               seed: int = 1234, max_gen_toks: int = 256, dtype: str = "auto", parallelize: bool = False,
-              tensor_parallel_size: int = 1, data_parallel_size: int = 1, param: str = "model") -> dict:
+              tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_length: int | None = None,
+              max_batch_size: int | None = 64, gptq_backend: str = "auto", param: str = "model") -> dict:
     """Evaluate one model on GSM8K with lm-eval; keep lm-eval's outputs under out_dir/lm_eval/<label>/.
 
     data_files None: the hub dataset through the built-in task (needs internet). Returns
@@ -235,13 +257,16 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
         tm = task_manager(write_local_task(files, out_dir / "task").parent)
     else:
         task, tm = BUILTIN_TASK, task_manager()
+    kernel = gptq_backend if is_gptq(model_path) else None
     lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
                  parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
-                 data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks)
+                 data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks, max_length=max_length,
+                 max_batch_size=max_batch_size, gptq_backend=kernel)
     timer = _TimedGeneration(lm)
     lm.generate_until = timer
     tracker = EvaluationTracker(output_path=str(out_dir))
-    margs = {"pretrained": str(model_path), "backend": backend}
+    margs = {"pretrained": str(model_path), "backend": backend, "max_length": max_length,
+             "max_batch_size": max_batch_size, "gptq_backend": kernel}
     res = simple_evaluate(model=lm, model_args=margs, tasks=[task], num_fewshot=num_fewshot,
                           batch_size=batch_size, device=device, limit=limit, log_samples=True,
                           evaluation_tracker=tracker, apply_chat_template=apply_chat_template,
@@ -250,6 +275,11 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
                           fewshot_random_seed=seed)
     samples = res["samples"][task]
     problems = _per_problem(samples)
+    prompts = prompt_lengths(lm.tokenizer, samples)
+    if max_length is not None and prompts["max"] + int(max_gen_toks) > int(max_length):
+        raise EvalInputError(f"max_length: {max_length} is too short for this GSM8K: the longest prompt has "
+                             f"{prompts['max']} tokens + max_gen_toks {max_gen_toks}, so lm-eval cut prompts "
+                             f"from the left; set max_length >= {prompts['max'] + int(max_gen_toks)}")
     tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
                                     samples=copy.deepcopy(res["samples"]))
     tracker.save_results_samples(task_name=task, samples=copy.deepcopy(samples))
@@ -269,10 +299,32 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
             "settings": {"backend": backend, "device": device, "batch_size": batch_size,
                          "batch_sizes": res["config"].get("batch_sizes"), "num_fewshot": num_fewshot,
                          "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
-                         "limit": limit, "seed": seed, "max_gen_toks": max_gen_toks,
+                         "limit": limit, "seed": seed, "max_gen_toks": max_gen_toks, "max_length": max_length,
+                         "max_batch_size": max_batch_size, "prompt_tokens": prompts, "gptq_backend": kernel,
+                         "gptq_kernels": _kernel_classes(lm),
                          "dtype": resolve_dtype(model_path, device, dtype),
                          "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
                          "lm_eval_version": _lm_eval_version()}}
+
+
+def prompt_lengths(tokenizer, samples: list[dict]) -> dict:
+    """Token counts of the prompts lm-eval built (one per problem): what max_length must hold."""
+    seen, counts = set(), []
+    for s in samples:
+        if s["doc_id"] not in seen:
+            seen.add(s["doc_id"])
+            counts.append(len(tokenizer.encode(s["arguments"][0][0], add_special_tokens=False)))
+    return {"n": len(counts), "max": max(counts, default=0), "mean": sum(counts) / max(1, len(counts))}
+
+
+def _kernel_classes(lm) -> list[str] | None:
+    """The GPTQ layer classes of the model lm-eval ran (None for an unquantized or a vllm model)."""
+    model = getattr(lm, "_model", None)
+    if model is None or not hasattr(model, "named_modules"):
+        return None
+    from .gptq import gptq_linear_modules
+
+    return sorted({type(m).__name__ for m in gptq_linear_modules(model).values()}) or None
 
 
 def _lm_eval_version() -> str:

@@ -246,7 +246,7 @@ def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
     K, N = w.shape
     if not (K % group_size == 0 and group_size % 8 == 0 and N % 8 == 0):
         raise ValueError(f"need K % group_size == 0, group_size % 8 == 0, N % 8 == 0; got K={K}, N={N}, group_size={group_size}")
-    wg = w.detach().float().cpu().reshape(K // group_size, group_size, N)
+    wg = w.detach().float().reshape(K // group_size, group_size, N)   # on w's device: the same IEEE ops
     scales = (wg.abs().amax(1).clamp(min=1e-8) * 2 / 15).half()
     s = scales.float()
     zeros = torch.full_like(s, 8, dtype=torch.int32)

@@ -43,39 +43,67 @@ def default_dtype(path: str | Path, device: str):
     return torch.float16 if is_gptq(path) else torch.bfloat16
 
 
-def gptq_backend(device: str) -> str:
-    """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set, else "auto" on CPU and
-    "gptq_triton" on a GPU.
+# GPTQModel 7.6's kernels that work on ROCm (torch's "cuda" device on AMD). Its source decides:
+# TorchQuantLinear declares every device (nn_modules/qlinear/torch.py:128, SUPPORTS_DEVICES = [DEVICE.ALL]);
+# TritonV2QuantLinear runs wherever Triton does, ROCm included, but is marked unvalidated there
+# (tritonv2.py:67-68). Marlin and Machete raise on ROCm (marlin.py:316, machete.py:202), ExLlama v2
+# is "broken accuracies" on ROCm (exllamav2.py:51) and would still be picked by "auto" (the torch
+# device is "cuda" on ROCm, so its CUDA-only declaration passes): never "auto" on ROCm.
+ROCM_SAFE_GPTQ = ("gptq_torch", "gptq_triton")
+GPTQ_ENV = "QUANTLAB_GPTQ_BACKEND"
 
-    Why not "auto" on a GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete kernel,
-    which downloads CUTLASS and compiles it at load time; offline that fails with a URLError (measured
-    on the device machine). The Triton kernel needs only Triton and runs on NVIDIA and ROCm alike.
+
+def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
+    """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set (an override), else `requested`
+    (a lab's gptq_backend parameter); "auto" means "auto" on CPU, "gptq_torch" on ROCm, "gptq_triton" on
+    another GPU. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
+    that does not work on ROCm is refused there (ValueError naming the parameter).
+
+    Why not "auto" on an NVIDIA GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete
+    kernel, which downloads CUTLASS and compiles it at load time; offline that fails with a URLError
+    (measured on the device machine). The Triton kernel needs only Triton.
     """
     import os
 
-    chosen = os.environ.get("QUANTLAB_GPTQ_BACKEND", "").strip().lower()
-    return chosen or ("auto" if str(device).startswith("cpu") else "gptq_triton")
+    env = os.environ.get(GPTQ_ENV, "").strip().lower()
+    chosen = env or str(requested or "auto").strip().lower()
+    source = f"${GPTQ_ENV}" if env else "gptq_backend"
+    on_cpu = str(device).startswith("cpu")
+    rocm = False
+    if not on_cpu:
+        if record is None:
+            from .platform import detect_platform
+            record = detect_platform()
+        rocm = getattr(record, "backend", "") == "rocm"
+    if chosen == "auto":
+        return "auto" if on_cpu else ("gptq_torch" if rocm else "gptq_triton")
+    if rocm and rocm_safe and chosen not in ROCM_SAFE_GPTQ:
+        raise ValueError(f"{source}={chosen!r} is not a GPTQ kernel that works on ROCm (GPTQModel 7.6: "
+                         f"Marlin, Machete raise there, ExLlama v2 gives wrong results); use one of "
+                         f"{list(ROCM_SAFE_GPTQ)} or auto, or set rocm_safe_kernels=False to try it anyway")
+    return chosen
 
 
-def gptq_loading_config(path: str | Path, device: str):
+def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     """The quantization_config to pass to from_pretrained for a GPTQ checkpoint (None otherwise)."""
     if not is_gptq(path):
         return None
     from transformers import GPTQConfig
 
     q = _config(path)["quantization_config"]
-    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device))
+    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device, backend))
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype=None):
-    """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration."""
+def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto"):
+    """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration,
+    with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model)."""
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}
     if is_gptq(path):
         kwargs["device_map"] = str(device)
-        kwargs["quantization_config"] = gptq_loading_config(path, device)
+        kwargs["quantization_config"] = gptq_loading_config(path, device, backend)
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not is_gptq(path):
         model = model.to(device)

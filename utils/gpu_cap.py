@@ -1,0 +1,88 @@
+"""A GPU memory cap for every lab kernel, and each kernel's peak memory written beside the run.
+
+Why: a 24 GB card (RTX 4090) can be rehearsed on a bigger GPU only if nothing may allocate past 24 GiB.
+torch.cuda.set_per_process_memory_fraction makes torch's caching allocator raise OutOfMemoryError past
+the cap, as the smaller card would (the CUDA context itself, ~0.5 GiB, is outside the cap and outside
+torch's counters). The chain's kernels pick it up at start through ci/kernel_hooks/sitecustomize.py
+when $QUANTLAB_GPU_MEMORY_GIB is set (a profile's `env`); on a machine without a GPU it does nothing.
+At the kernel's exit the peaks go to $QUANTLAB_PEAKS_DIR/<lab>.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+CAP_ENV = "QUANTLAB_GPU_MEMORY_GIB"
+PEAKS_ENV = "QUANTLAB_PEAKS_DIR"
+GIB = 2**30
+
+
+def apply_cap(gib: float | str | None = None, torch_module=None) -> dict:
+    """Cap this process's torch GPU memory at `gib` GiB (default $QUANTLAB_GPU_MEMORY_GIB).
+    Returns what was done; a machine without a CUDA/ROCm GPU, or no cap asked for, is a no-op."""
+    gib = os.environ.get(CAP_ENV, "") if gib is None else gib
+    if gib in ("", None):
+        return {"applied": False, "cap_gib": None, "reason": f"${CAP_ENV} not set"}
+    try:
+        cap = float(gib)
+    except ValueError:
+        raise ValueError(f"{CAP_ENV}={gib!r} is not a number of GiB (e.g. 24)") from None
+    if cap <= 0:
+        raise ValueError(f"{CAP_ENV}={gib!r} must be > 0 GiB")
+    torch = torch_module or __import__("torch")
+    if not torch.cuda.is_available():
+        return {"applied": False, "cap_gib": cap, "reason": "no CUDA/ROCm GPU: nothing to cap"}
+    total = torch.cuda.get_device_properties(0).total_memory
+    if cap * GIB >= total:
+        return {"applied": False, "cap_gib": cap, "total_gib": total / GIB,
+                "reason": f"the GPU has only {total / GIB:.1f} GiB: the cap is above it"}
+    fraction = cap * GIB / total
+    for i in range(torch.cuda.device_count()):
+        torch.cuda.set_per_process_memory_fraction(fraction, i)
+    return {"applied": True, "cap_gib": cap, "total_gib": total / GIB, "fraction": fraction,
+            "reason": f"torch.cuda.set_per_process_memory_fraction({fraction:.4f}) on every GPU"}
+
+
+def peaks(torch_module=None) -> dict:
+    """Peak torch GPU memory of this process (allocated and reserved, GiB) and its peak host RSS."""
+    out = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}  # KiB on Linux
+    torch = torch_module
+    if torch is None:
+        import sys
+        torch = sys.modules.get("torch")       # a kernel that never imported torch used no GPU
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        out["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    else:
+        out["gpu_peak_allocated_gib"] = out["gpu_peak_reserved_gib"] = None
+    return out
+
+
+def write_peaks(folder: str | Path, label: str, cap: dict, started: float) -> Path:
+    """Write <folder>/<label>.json (whole file at once): the cap record, the peaks, the kernel's wall time."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{label}.json"
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"label": label, "pid": os.getpid(), "cap": cap, **peaks(),
+                               "kernel_seconds": round(time.time() - started, 1)}, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def kernel_hook() -> dict | None:
+    """Called at a lab kernel's start (sitecustomize): cap from the environment, peaks written at exit.
+    The label is the kernel's working folder, which the chain sets to the lab's folder (e.g. 03_eval)."""
+    if not (os.environ.get(CAP_ENV) or os.environ.get(PEAKS_ENV)):
+        return None
+    import atexit
+
+    started = time.time()
+    cap = apply_cap()
+    folder = os.environ.get(PEAKS_ENV)
+    if folder:
+        atexit.register(write_peaks, folder, Path.cwd().name, cap, started)
+    return cap
