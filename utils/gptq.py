@@ -14,9 +14,13 @@ Dequantized: W[o, i] = scales[g_idx[i], o] * (q[i, o] - z[g_idx[i], o]), returne
 (torch.nn.Linear's layout; GPTQModel's kernels build the transpose [in, out]).
 
 The v1 quirk: checkpoints in the `gptq` format (v1: AutoGPTQ, Qwen's published Int4 models, and
-GPTQModel's default when saving) store each zero point MINUS ONE (a symmetric 4-bit zero of 8 is
-stored as 7). GPTQModel's kernels work in `gptq_v2` (zeros as they are) and, on load, add one to
-every packed zero nibble (`convert_gptq_v1_to_v2_format_module`); they subtract it again on save.
+GPTQModel's default when saving) store the zero points MINUS ONE (a symmetric 4-bit zero of 8 is
+stored as 7). The subtraction is done on the whole int32 word: GPTQModel packs the true zeros, then
+subtracts 0x11111111 (4 bits) from each word on save and adds it back on load
+(`convert_gptq_v2_to_v1_format_module` / `convert_gptq_v1_to_v2_format_module`). So a zero point of
+0 (asymmetric quantization of a group with no negative weight) borrows from the next nibble: zeros
+(0, 5) are stored as nibbles (15, 3), not (15, 4). Read nibble by nibble, that word gives zeros 16
+and 4; only the whole-word addition gives back 0 and 5, which is what this module does.
 """
 from __future__ import annotations
 
@@ -60,12 +64,38 @@ def pack_int32(codes: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor
     return word.to(torch.int32).movedim(-1, dim).contiguous()          # row-major, as a checkpoint stores it
 
 
-def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
-    """The true zero points [groups, out] from packed qzeros; `gptq` (v1) adds back the stored minus one."""
+def _check_format(format: str) -> None:
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: use 'gptq' (v1, zeros stored minus one) or 'gptq_v2'")
-    z = unpack_int32(qzeros, bits, dim=1)
-    return z + 1 if format == "gptq" else z
+
+
+def _v1_ones(bits: int) -> int:
+    """The int32 word whose every code is 1 (0x11111111 for 4 bits): what v1 subtracts from a word."""
+    return sum(1 << s for s in range(0, 32, bits))
+
+
+def _wrap_int32(x: torch.Tensor) -> torch.Tensor:
+    return ((x + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
+    """The true zero points [groups, out] from packed qzeros; `gptq` (v1) adds back the stored minus one
+    to each whole int32 word (mod 2^32, carries crossing codes), as GPTQModel does on load."""
+    _check_format(format)
+    _check_bits(bits)
+    if format == "gptq":
+        qzeros = _wrap_int32(qzeros.to(torch.int64) + _v1_ones(bits))
+    return unpack_int32(qzeros, bits, dim=1)
+
+
+def pack_zero_points(zeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
+    """The inverse of zero_points: true zeros [groups, out] -> packed qzeros [groups, out / (32 / bits)];
+    `gptq` (v1) subtracts one from each whole word (mod 2^32), as GPTQModel does on save."""
+    _check_format(format)
+    packed = pack_int32(zeros, bits, dim=1)
+    if format == "gptq":
+        packed = _wrap_int32(packed.to(torch.int64) - _v1_ones(bits))
+    return packed
 
 
 def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -252,11 +282,11 @@ def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
     zeros = torch.full_like(s, 8, dtype=torch.int32)
     q = torch.clamp(torch.round(wg / s[:, None, :]) + 8, 0, 15).to(torch.int32).reshape(K, N)
     qweight = pack_int32(q, bits=4, dim=0)
-    qzeros = pack_int32((zeros - 1) & 0xF, bits=4, dim=1)   # v1 stores zero - 1 (as a nibble)
+    qzeros = pack_zero_points(zeros, bits=4, format="gptq")   # v1 stores zero - 1 (no borrow: zero is 8)
     return qweight.to(w.device), qzeros.to(w.device), scales.to(w.device)
 
 
 def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
-    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout (this module's
-    unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
+    """The reference: fp32 weights [K, N] = (q - z) * s from the GPTQ v1 layout, z the true zero points
+    (this module's unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
     return dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()
