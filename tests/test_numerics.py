@@ -223,3 +223,19 @@ def test_error_report_and_chunked_accumulation():
     assert nm.chunked_matmul(a, b, torch.float32).item() == 4096
     assert nm.chunked_matmul(a, b, torch.float16, chunk=1).item() == 2048   # 2048 + 1 rounds back to 2048
     assert nm.chunked_matmul(a, b, torch.float16, chunk=32).item() == 4096  # exact: multiples of 32 stay representable
+
+
+def test_gemm_tolerance_and_elementwise_bound_read_the_one_bound():
+    from utils.metrics import matmul_error_bound
+
+    u16, u32, k = 2.0**-11, 2.0**-24, 1024
+    tol = nm.gemm_tolerance(torch.float16, k)                # unchanged numbers for fp16
+    assert tol["rtol"] == 4 * u16
+    assert tol["atol"] == pytest.approx(4 * (u16 * math.sqrt(k) + math.sqrt(k) * u32 * k * 2 / math.pi), rel=1e-12)
+    assert tol["rtol"] == matmul_error_bound(torch.float16, k, sums_abs=0.0)
+    a = torch.tensor([[1 + 2.0**-12, -1.0]])
+    b = torch.tensor([[1.0], [1.0]])
+    # tf32 rounds a to [1, -1]: the product is 0, off by 2^-12; the bound must cover the inputs' rounding
+    assert nm.elementwise_bound(a, b, "tf32").item() >= 2.0**-12
+    with pytest.raises(ValueError, match="k"):
+        nm.gemm_tolerance(torch.float16, 0)

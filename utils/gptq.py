@@ -201,18 +201,6 @@ def gptq_linear_modules(model) -> dict:
     return {n: m for n, m in model.named_modules() if hasattr(m, "qweight") and hasattr(m, "qzeros")}
 
 
-def output_tolerance(dtype: torch.dtype, k: int) -> float:
-    """Relative-L2 tolerance of a GPTQ layer output computed in `dtype` against float64 on our weight.
-
-    Both sides use the same dequantized weight (checked bit-exact), so only the kernel's arithmetic
-    differs: utils.metrics.matmul_error_bound (output rounding + fp32 accumulation over k) plus one
-    more rounding of the activations to `dtype` (CPU int4 kernels cast them to bf16), safety 4.
-    """
-    from .metrics import UNIT_ROUNDOFF, matmul_error_bound
-
-    return matmul_error_bound(dtype, k) + 4 * UNIT_ROUNDOFF[dtype]
-
-
 def _gptq_layout(module, qweight: torch.Tensor) -> bool:
     q, z = getattr(module, "qweight", None), getattr(module, "qzeros", None)
     return (isinstance(q, torch.Tensor) and isinstance(z, torch.Tensor) and q.dtype == torch.int32
@@ -229,7 +217,7 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     picked; GPTQModel's TorchLinear when None) on random activations in `dtype` (the model's; default
     the scales' dtype), against float64 x @ W_ours.T.
     """
-    from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2
+    from .metrics import UNIT_ROUNDOFF, matmul_error_bound, max_abs_error, relative_l2
 
     tensors = {k: v.to(device) for k, v in tensors.items()}
     ours = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"),
@@ -259,7 +247,9 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
         ref = ref + tensors["bias"].double()
     low = max((out.dtype, x.dtype) + ((torch.bfloat16,) if "Aten" in type(kernel).__name__ else ()),
               key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
-    rel, tol = relative_l2(out, ref), output_tolerance(low, ours.shape[1])
+    # same weight on both sides (checked bit-exact): only the kernel's arithmetic differs, plus one
+    # rounding of the activations to `low` (CPU int4 kernels cast them to bf16)
+    rel, tol = relative_l2(out, ref), matmul_error_bound(low, ours.shape[1], input_dtype=low)
     return {"shape_out_in": list(ours.shape), "weight_dtype": str(ours.dtype).replace("torch.", ""),
             "reference_kernel": type(ref_mod).__name__,
             "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2, sqnr_db
+from .metrics import matmul_error_bound, max_abs_error, relative_l2, sqnr_db
 
 # ------------------------------------------------------------------------------------------ ULPs
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -52,26 +52,23 @@ def next_up(x: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ tolerances
 def gemm_tolerance(dtype, k: int, acc_dtype=torch.float32, safety: float = 4.0) -> dict:
-    """(rtol, atol) for torch.testing.assert_close of a k-long GEMM whose inputs have unit scale (randn).
-
-    rtol: the output's own rounding (u of `dtype`). atol: accumulation error, which for random signs
-    grows like sqrt(k) * u_acc times the size of the terms' sum |a||b| (about k * 2/pi for randn);
-    derived, not tuned. For inputs of another scale use elementwise_bound.
+    """(rtol, atol) for torch.testing.assert_close of a k-long GEMM whose inputs have unit scale (randn),
+    read off metrics.matmul_error_bound: rtol is its |C| term (the output's own rounding), atol the
+    whole bound at the sizes randn gives, |C| ~ sqrt(k) and partial sums |A| @ |B| ~ k * 2/pi.
+    Derived, not tuned. For inputs of another scale use elementwise_bound.
     """
-    if k < 1:
-        raise ValueError(f"k (the reduction length) must be >= 1, got {k}")
-    u_out = UNIT_ROUNDOFF["tf32" if dtype == "tf32" else dtype]
-    u_acc = UNIT_ROUNDOFF[acc_dtype]
-    return {"rtol": safety * u_out, "atol": safety * (u_out * math.sqrt(k) + math.sqrt(k) * u_acc * k * 2 / math.pi)}
+    return {"rtol": matmul_error_bound(dtype, k, safety, sums_abs=0.0, acc_dtype=acc_dtype),
+            "atol": matmul_error_bound(dtype, k, safety, out_abs=math.sqrt(k), sums_abs=k * 2 / math.pi,
+                                       acc_dtype=acc_dtype)}
 
 
 def elementwise_bound(a: torch.Tensor, b: torch.Tensor, out_dtype, acc_dtype=torch.float32,
                       safety: float = 4.0) -> torch.Tensor:
-    """Per-element bound on |C - C_exact| for C = A @ B: u_out |C| + sqrt(k) u_acc (|A| @ |B|), in fp64."""
+    """Per-element bound on |C - C_exact| for C = A @ B, in fp64: metrics.matmul_error_bound with this
+    product's own |A @ B| and |A| @ |B|."""
     a64, b64 = a.detach().cpu().double(), b.detach().cpu().double()
-    k = a64.shape[-1]
-    u_out = UNIT_ROUNDOFF["tf32" if out_dtype == "tf32" else out_dtype]
-    return safety * (u_out * (a64 @ b64).abs() + math.sqrt(k) * UNIT_ROUNDOFF[acc_dtype] * (a64.abs() @ b64.abs()))
+    return matmul_error_bound(out_dtype, a64.shape[-1], safety, out_abs=(a64 @ b64).abs(),
+                              sums_abs=a64.abs() @ b64.abs(), acc_dtype=acc_dtype)
 
 
 def error_report(out: torch.Tensor, ref: torch.Tensor) -> dict:
