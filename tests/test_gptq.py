@@ -1,4 +1,5 @@
 """The reference GPTQ unpacker: hand-built packed tensors, round trips, and GPTQModel's own kernels."""
+import os
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,65 @@ def test_dequantize_hand_built_v1_and_v2():
     assert torch.equal(gptq.dequantize(qweight, gptq.pack_int32(zeros, 4, dim=1), scales, g_idx, 4, "gptq_v2"), w)
     # g_idx None means i // group_size
     assert torch.equal(gptq.dequantize(qweight, stored_v1, scales, None, 4, "gptq"), w)
+
+
+def test_v1_zero_of_zero_borrows_across_the_word():
+    # true zeros (0, 5, 8, 8, 8, 8, 8, 8): the word minus 0x11111111 borrows, nibbles (15, 3, 7, ...)
+    zeros = torch.tensor([[0, 5, 8, 8, 8, 8, 8, 8]])
+    stored = gptq.pack_zero_points(zeros, 4, "gptq")
+    assert gptq.unpack_int32(stored, 4, dim=1)[0].tolist() == [15, 3, 7, 7, 7, 7, 7, 7]
+    assert torch.equal(gptq.zero_points(stored, 4, "gptq"), zeros.to(torch.int16))
+    top = torch.tensor([[8, 8, 8, 8, 8, 8, 8, 0]])       # a borrow out of the top nibble wraps the word
+    assert torch.equal(gptq.zero_points(gptq.pack_zero_points(top, 4, "gptq"), 4, "gptq"), top.to(torch.int16))
+    for bits in (2, 8):
+        z = torch.randint(0, 2**bits, (3, 32), generator=torch.Generator().manual_seed(bits))
+        z[:, 0] = 0
+        assert torch.equal(gptq.zero_points(gptq.pack_zero_points(z, bits, "gptq"), bits, "gptq").long(), z)
+
+
+def _gptqmodel_layer(sym: bool, desc_act: bool, group_size: int = 32):
+    """A Linear(128 -> 64) quantized by GPTQModel's own GPTQ and packed by its own packer
+    (TorchLinear.pack_original), then converted to v1 as GPTQModel does on save. Output rows 0-2 have no
+    negative weight, so asymmetric quantization gives them zero points of 0 in every group."""
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+    from gptqmodel.nn_modules.qlinear.torch import TorchLinear
+    from gptqmodel.quantization import QuantizeConfig
+    from gptqmodel.quantization.gptq import GPTQ
+    from gptqmodel.utils.model import convert_gptq_v2_to_v1_format_module
+
+    gen = torch.Generator().manual_seed(int(sym) * 2 + int(desc_act))
+    lin = torch.nn.Linear(128, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(64, 128, generator=gen) * 0.05)
+        lin.weight[:3] = lin.weight[:3].abs()
+    qcfg = QuantizeConfig(bits=4, group_size=group_size, sym=sym, desc_act=desc_act, act_group_aware=False)
+    quant = GPTQ(lin, qcfg)
+    quant.quantizer.configure(perchannel=True)
+    x = torch.randn(4, 32, 128, generator=gen)
+    quant.add_batch(x, lin(x))
+    q_weight, scale, zero, g_idx, *_ = quant.quantize()
+    lin.weight.data = q_weight.to(lin.weight.dtype)
+    mod = TorchLinear(bits=4, group_size=group_size, sym=sym, desc_act=desc_act, in_features=128,
+                      out_features=64, bias=False)
+    mod.pack_original(linear=lin, scales=scale, zeros=zero, g_idx=g_idx)
+    convert_gptq_v2_to_v1_format_module(mod, qcfg)
+    tensors = {k: getattr(mod, k).detach().clone() for k in ("qweight", "qzeros", "scales", "g_idx")}
+    return tensors, zero.t().round().to(torch.int16), scale.t(), q_weight
+
+
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("desc_act", [False, True], ids=["no-act-order", "act-order"])
+def test_gptqmodel_quantizer_and_packer_v1(sym, desc_act):
+    """GPTQModel quantizes and packs; our unpacker reads its v1 tensors bit for bit, zero points of 0 included."""
+    tensors, zero, scale, q_weight = _gptqmodel_layer(sym, desc_act)
+    assert bool((zero[:, :3] == 0).all()) != sym               # asym: zero points of 0 are present
+    assert torch.equal(gptq.zero_points(tensors["qzeros"], 4, "gptq"), zero)
+    assert torch.equal(gptq.pack_zero_points(zero, 4, "gptq"), tensors["qzeros"])   # our packing == theirs
+    r = gptq.check_layer(tensors, group_size=32, sym=sym, desc_act=desc_act)
+    assert r["weight_bit_exact"] and r["output_ok"], r
+    # with the quantizer's own fp32 scales, the unpacked weight is the quantizer's weight, bit for bit
+    ours = gptq.dequantize(tensors["qweight"], tensors["qzeros"], scale.float(), tensors["g_idx"], 4, "gptq")
+    assert torch.equal(ours, q_weight.float())
 
 
 def test_dequantize_act_order_g_idx():

@@ -131,20 +131,70 @@ def test_mx_cast_hand_block():
         nm.mx_cast(torch.zeros(33), "mxfp8")
 
 
+def _nonfinite_cases() -> dict:
+    """Blocks of 32 holding NaN, +Inf, -Inf, mixtures with finite values, all zeros, and ordinary ones."""
+    nan, inf = math.nan, math.inf
+    gen = torch.Generator().manual_seed(3)
+    t = torch.randn(8, 128, generator=gen)                  # 8 rows x 4 blocks
+    t[0, 5] = nan                                           # NaN among finite values
+    t[0, 40], t[0, 41] = inf, -3e38                         # +Inf beside a huge finite value
+    t[0, 70] = -inf                                         # -Inf alone
+    t[0, 100], t[0, 101] = inf, nan                         # Inf and NaN in one block
+    t[1, :32] = nan                                         # all NaN
+    t[1, 32:64] = inf                                       # all +Inf
+    t[1, 64:96] = -inf                                      # all -Inf
+    t[1, 96:] = 0.0                                         # all zero
+    t[2, 0:32:2] = inf                                      # Inf and -Inf alternating with zeros
+    t[2, 1:32:2] = -inf
+    t[2, 32:64] = 0.0
+    t[2, 33] = -nan                                         # a negative NaN among zeros
+    return {"mixed": t}
+
+
+def test_mx_cast_non_finite_hand_blocks():
+    inf, nan = math.inf, math.nan
+    x = torch.zeros(32)
+    x[0], x[1], x[2] = inf, 1.0, -2.0
+    spec = nm.mx_cast(x, "mxfp8")
+    assert spec.scale_code.item() == 255                    # floor(log2 Inf) fits no E8M0 code but NaN
+    assert torch.isnan(spec.dequant).all()
+    ao = nm.mx_cast(x, "mxfp8", rules="torchao")
+    assert ao.scale_code.item() == 128 - 8 + 127            # Inf's exponent field read as 2^128
+    assert ao.values[0].item() == 448.0 and ao.values[1:3].tolist() == [0.0, -0.0]
+    assert ao.dequant[0].item() == inf                      # 448 * 2^120 overflows fp32
+    a4 = nm.mx_cast(-x, "mxfp4", rules="torchao")
+    assert a4.scale_code.item() == 128 - 2 + 127 and a4.codes[0].item() == 8 | 7   # -6, saturated
+    x[3] = nan
+    for rules in nm.MX_RULES:
+        m = nm.mx_cast(x, "mxfp8", rules=rules)
+        assert m.scale_code.item() == 255 and torch.isnan(m.dequant).all()
+        assert m.codes[1].item() == 0x00 and m.codes[2].item() == 0x80   # x / +Inf: signed zeros
+    with pytest.raises(ValueError, match="rules"):
+        nm.mx_cast(x, "mxfp8", rules="ieee")
+
+
 @pytest.mark.parametrize("elem", ["mxfp8", "mxfp4"])
-def test_mx_cast_bit_exact_vs_torchao(elem):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mx_cast_bit_exact_vs_torchao(elem, dtype):
     torch.manual_seed(0)
     cases = {"randn": torch.randn(32, 128),
              "wide": torch.randn(32, 128) * torch.logspace(-30, 30, 32)[:, None],
              "zero": torch.zeros(4, 64),
-             "huge": torch.randn(4, 64).clamp(-3, 3) * 1.1e38}
+             "huge": torch.randn(4, 64).clamp(-3, 3) * 1.1e38,
+             "tiny": torch.randn(4, 64) * 1e-39,            # blocks whose scale is E8M0 code 0
+             **_nonfinite_cases()}
     for name, t in cases.items():
-        r = nm.compare_mx(t, elem)
-        assert r["scale_mismatches"] == 0 and r["code_mismatches"] == 0, (name, r)
-    tiny = torch.randn(4, 64) * 1e-39                        # blocks whose scale is E8M0 code 0
-    assert nm.compare_mx(tiny, elem)["code_mismatches"] > 0  # spec 2^-127 vs torchao's 2^-126
-    r = nm.compare_mx(tiny, elem, min_scale_normal=True)
-    assert r["scale_mismatches"] == 0 and r["code_mismatches"] == 0
+        t = t.to(dtype)
+        r = nm.compare_mx(t, elem, rules="torchao")
+        assert r["scale_mismatches"] == 0 and r["code_mismatches"] == 0 and r["decoded_mismatches"] == 0, (name, r)
+        spec = nm.compare_mx(t, elem)
+        if name in ("randn", "wide", "zero", "huge"):       # no rule differs here
+            assert spec == r, (name, spec)
+        if name == "tiny" and dtype == torch.float32:       # spec 2^-127 vs torchao's 2^-126
+            assert spec["scale_mismatches"] == 0 and spec["code_mismatches"] > 0
+    r = nm.compare_mx(_nonfinite_cases()["mixed"].to(dtype), elem)
+    inf_only = 5                                            # blocks with an Inf and no NaN: spec says NaN
+    assert r["non_finite_blocks"] == 9 and r["scale_mismatches"] == inf_only, r
 
 
 def test_mx_linear_axes_and_sqnr_anchors():
@@ -173,3 +223,19 @@ def test_error_report_and_chunked_accumulation():
     assert nm.chunked_matmul(a, b, torch.float32).item() == 4096
     assert nm.chunked_matmul(a, b, torch.float16, chunk=1).item() == 2048   # 2048 + 1 rounds back to 2048
     assert nm.chunked_matmul(a, b, torch.float16, chunk=32).item() == 4096  # exact: multiples of 32 stay representable
+
+
+def test_gemm_tolerance_and_elementwise_bound_read_the_one_bound():
+    from utils.metrics import matmul_error_bound
+
+    u16, u32, k = 2.0**-11, 2.0**-24, 1024
+    tol = nm.gemm_tolerance(torch.float16, k)                # unchanged numbers for fp16
+    assert tol["rtol"] == 4 * u16
+    assert tol["atol"] == pytest.approx(4 * (u16 * math.sqrt(k) + math.sqrt(k) * u32 * k * 2 / math.pi), rel=1e-12)
+    assert tol["rtol"] == matmul_error_bound(torch.float16, k, sums_abs=0.0)
+    a = torch.tensor([[1 + 2.0**-12, -1.0]])
+    b = torch.tensor([[1.0], [1.0]])
+    # tf32 rounds a to [1, -1]: the product is 0, off by 2^-12; the bound must cover the inputs' rounding
+    assert nm.elementwise_bound(a, b, "tf32").item() >= 2.0**-12
+    with pytest.raises(ValueError, match="k"):
+        nm.gemm_tolerance(torch.float16, 0)

@@ -14,9 +14,13 @@ Dequantized: W[o, i] = scales[g_idx[i], o] * (q[i, o] - z[g_idx[i], o]), returne
 (torch.nn.Linear's layout; GPTQModel's kernels build the transpose [in, out]).
 
 The v1 quirk: checkpoints in the `gptq` format (v1: AutoGPTQ, Qwen's published Int4 models, and
-GPTQModel's default when saving) store each zero point MINUS ONE (a symmetric 4-bit zero of 8 is
-stored as 7). GPTQModel's kernels work in `gptq_v2` (zeros as they are) and, on load, add one to
-every packed zero nibble (`convert_gptq_v1_to_v2_format_module`); they subtract it again on save.
+GPTQModel's default when saving) store the zero points MINUS ONE (a symmetric 4-bit zero of 8 is
+stored as 7). The subtraction is done on the whole int32 word: GPTQModel packs the true zeros, then
+subtracts 0x11111111 (4 bits) from each word on save and adds it back on load
+(`convert_gptq_v2_to_v1_format_module` / `convert_gptq_v1_to_v2_format_module`). So a zero point of
+0 (asymmetric quantization of a group with no negative weight) borrows from the next nibble: zeros
+(0, 5) are stored as nibbles (15, 3), not (15, 4). Read nibble by nibble, that word gives zeros 16
+and 4; only the whole-word addition gives back 0 and 5, which is what this module does.
 """
 from __future__ import annotations
 
@@ -60,12 +64,38 @@ def pack_int32(codes: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor
     return word.to(torch.int32).movedim(-1, dim).contiguous()          # row-major, as a checkpoint stores it
 
 
-def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
-    """The true zero points [groups, out] from packed qzeros; `gptq` (v1) adds back the stored minus one."""
+def _check_format(format: str) -> None:
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: use 'gptq' (v1, zeros stored minus one) or 'gptq_v2'")
-    z = unpack_int32(qzeros, bits, dim=1)
-    return z + 1 if format == "gptq" else z
+
+
+def _v1_ones(bits: int) -> int:
+    """The int32 word whose every code is 1 (0x11111111 for 4 bits): what v1 subtracts from a word."""
+    return sum(1 << s for s in range(0, 32, bits))
+
+
+def _wrap_int32(x: torch.Tensor) -> torch.Tensor:
+    return ((x + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def zero_points(qzeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
+    """The true zero points [groups, out] from packed qzeros; `gptq` (v1) adds back the stored minus one
+    to each whole int32 word (mod 2^32, carries crossing codes), as GPTQModel does on load."""
+    _check_format(format)
+    _check_bits(bits)
+    if format == "gptq":
+        qzeros = _wrap_int32(qzeros.to(torch.int64) + _v1_ones(bits))
+    return unpack_int32(qzeros, bits, dim=1)
+
+
+def pack_zero_points(zeros: torch.Tensor, bits: int = 4, format: str = "gptq") -> torch.Tensor:
+    """The inverse of zero_points: true zeros [groups, out] -> packed qzeros [groups, out / (32 / bits)];
+    `gptq` (v1) subtracts one from each whole word (mod 2^32), as GPTQModel does on save."""
+    _check_format(format)
+    packed = pack_int32(zeros, bits, dim=1)
+    if format == "gptq":
+        packed = _wrap_int32(packed.to(torch.int64) - _v1_ones(bits))
+    return packed
 
 
 def dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -171,18 +201,6 @@ def gptq_linear_modules(model) -> dict:
     return {n: m for n, m in model.named_modules() if hasattr(m, "qweight") and hasattr(m, "qzeros")}
 
 
-def output_tolerance(dtype: torch.dtype, k: int) -> float:
-    """Relative-L2 tolerance of a GPTQ layer output computed in `dtype` against float64 on our weight.
-
-    Both sides use the same dequantized weight (checked bit-exact), so only the kernel's arithmetic
-    differs: utils.metrics.matmul_error_bound (output rounding + fp32 accumulation over k) plus one
-    more rounding of the activations to `dtype` (CPU int4 kernels cast them to bf16), safety 4.
-    """
-    from .metrics import UNIT_ROUNDOFF, matmul_error_bound
-
-    return matmul_error_bound(dtype, k) + 4 * UNIT_ROUNDOFF[dtype]
-
-
 def _gptq_layout(module, qweight: torch.Tensor) -> bool:
     q, z = getattr(module, "qweight", None), getattr(module, "qzeros", None)
     return (isinstance(q, torch.Tensor) and isinstance(z, torch.Tensor) and q.dtype == torch.int32
@@ -199,7 +217,7 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     picked; GPTQModel's TorchLinear when None) on random activations in `dtype` (the model's; default
     the scales' dtype), against float64 x @ W_ours.T.
     """
-    from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2
+    from .metrics import UNIT_ROUNDOFF, matmul_error_bound, max_abs_error, relative_l2
 
     tensors = {k: v.to(device) for k, v in tensors.items()}
     ours = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"),
@@ -229,7 +247,9 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
         ref = ref + tensors["bias"].double()
     low = max((out.dtype, x.dtype) + ((torch.bfloat16,) if "Aten" in type(kernel).__name__ else ()),
               key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
-    rel, tol = relative_l2(out, ref), output_tolerance(low, ours.shape[1])
+    # same weight on both sides (checked bit-exact): only the kernel's arithmetic differs, plus one
+    # rounding of the activations to `low` (CPU int4 kernels cast them to bf16)
+    rel, tol = relative_l2(out, ref), matmul_error_bound(low, ours.shape[1], input_dtype=low)
     return {"shape_out_in": list(ours.shape), "weight_dtype": str(ours.dtype).replace("torch.", ""),
             "reference_kernel": type(ref_mod).__name__,
             "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape
@@ -252,11 +272,11 @@ def pack_gptq_int4(w: torch.Tensor, group_size: int = 128):
     zeros = torch.full_like(s, 8, dtype=torch.int32)
     q = torch.clamp(torch.round(wg / s[:, None, :]) + 8, 0, 15).to(torch.int32).reshape(K, N)
     qweight = pack_int32(q, bits=4, dim=0)
-    qzeros = pack_int32((zeros - 1) & 0xF, bits=4, dim=1)   # v1 stores zero - 1 (as a nibble)
+    qzeros = pack_zero_points(zeros, bits=4, format="gptq")   # v1 stores zero - 1 (no borrow: zero is 8)
     return qweight.to(w.device), qzeros.to(w.device), scales.to(w.device)
 
 
 def dequant_gptq_int4(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
-    """The reference: fp32 weights [K, N] = (q - (z + 1)) * s from the GPTQ v1 layout (this module's
-    unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
+    """The reference: fp32 weights [K, N] = (q - z) * s from the GPTQ v1 layout, z the true zero points
+    (this module's unpacker, with the scales in fp32 so the product is not rounded to fp16)."""
     return dequantize(qweight, qzeros, scales.float(), group_size=group_size).t()

@@ -92,14 +92,26 @@ def cosine_similarity(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(o.flatten(), r.flatten(), dim=0))
 
 
-def matmul_error_bound(dtype, k: int, safety: float = 4.0) -> float:
-    """A principled bound on relative_l2 of a k-long dot product against an fp64 reference on the same inputs.
+def matmul_error_bound(dtype, k: int, safety: float = 4.0, *, out_abs=1.0, sums_abs=None,
+                       input_dtype=None, acc_dtype=torch.float32):
+    """The course's one bound on the rounding error of C = A @ B (k-long dot products) against the exact
+    product of the same inputs, elementwise:
 
-    Output rounding (u of the output format) + hidden input rounding (tf32 rounds fp32 operands to
-    10 mantissa bits) + fp32 accumulation growing like sqrt(k) for random signs, times a safety factor.
+        |C - C_exact| <= safety * (u_out |C| + (u_in + sqrt(k) u_acc) S)
+
+    u_out: the output's rounding to `dtype` ("tf32" outputs fp32); u_in: a hidden rounding of the
+    inputs (tf32 rounds fp32 operands to 10 mantissa bits; `input_dtype` names another, e.g.
+    activations cast to bf16); u_acc: the accumulator's, over k additions of random-sign errors
+    (sqrt(k)); S: the size of the partial sums. Defaults (out_abs = 1, S = |C|): the bound on
+    relative_l2 for inputs of random sign, whose partial sums stay the size of C. Pass
+    out_abs = |A @ B| and sums_abs = |A| @ |B| (tensors) for a bound per element, for any signs.
     """
     if dtype in (torch.int8, "int8"):
         return 0.0  # int32 accumulation is exact until it overflows
+    if k < 1:
+        raise ValueError(f"k (the reduction length) must be >= 1, got {k}")
     u_out = UNIT_ROUNDOFF[torch.float32 if dtype == "tf32" else dtype]
-    u_hidden = UNIT_ROUNDOFF["tf32"] if dtype == "tf32" else 0.0
-    return safety * (u_out + u_hidden + math.sqrt(k) * UNIT_ROUNDOFF[torch.float32])
+    u_in = max(UNIT_ROUNDOFF["tf32"] if dtype == "tf32" else 0.0,
+               UNIT_ROUNDOFF[input_dtype] if input_dtype is not None else 0.0)
+    sums = out_abs if sums_abs is None else sums_abs
+    return safety * (u_out * out_abs + (u_in + math.sqrt(k) * UNIT_ROUNDOFF[acc_dtype]) * sums)

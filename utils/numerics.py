@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .metrics import UNIT_ROUNDOFF, max_abs_error, relative_l2, sqnr_db
+from .metrics import matmul_error_bound, max_abs_error, relative_l2, sqnr_db
 
 # ------------------------------------------------------------------------------------------ ULPs
 _INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -52,26 +52,23 @@ def next_up(x: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ tolerances
 def gemm_tolerance(dtype, k: int, acc_dtype=torch.float32, safety: float = 4.0) -> dict:
-    """(rtol, atol) for torch.testing.assert_close of a k-long GEMM whose inputs have unit scale (randn).
-
-    rtol: the output's own rounding (u of `dtype`). atol: accumulation error, which for random signs
-    grows like sqrt(k) * u_acc times the size of the terms' sum |a||b| (about k * 2/pi for randn);
-    derived, not tuned. For inputs of another scale use elementwise_bound.
+    """(rtol, atol) for torch.testing.assert_close of a k-long GEMM whose inputs have unit scale (randn),
+    read off metrics.matmul_error_bound: rtol is its |C| term (the output's own rounding), atol the
+    whole bound at the sizes randn gives, |C| ~ sqrt(k) and partial sums |A| @ |B| ~ k * 2/pi.
+    Derived, not tuned. For inputs of another scale use elementwise_bound.
     """
-    if k < 1:
-        raise ValueError(f"k (the reduction length) must be >= 1, got {k}")
-    u_out = UNIT_ROUNDOFF["tf32" if dtype == "tf32" else dtype]
-    u_acc = UNIT_ROUNDOFF[acc_dtype]
-    return {"rtol": safety * u_out, "atol": safety * (u_out * math.sqrt(k) + math.sqrt(k) * u_acc * k * 2 / math.pi)}
+    return {"rtol": matmul_error_bound(dtype, k, safety, sums_abs=0.0, acc_dtype=acc_dtype),
+            "atol": matmul_error_bound(dtype, k, safety, out_abs=math.sqrt(k), sums_abs=k * 2 / math.pi,
+                                       acc_dtype=acc_dtype)}
 
 
 def elementwise_bound(a: torch.Tensor, b: torch.Tensor, out_dtype, acc_dtype=torch.float32,
                       safety: float = 4.0) -> torch.Tensor:
-    """Per-element bound on |C - C_exact| for C = A @ B: u_out |C| + sqrt(k) u_acc (|A| @ |B|), in fp64."""
+    """Per-element bound on |C - C_exact| for C = A @ B, in fp64: metrics.matmul_error_bound with this
+    product's own |A @ B| and |A| @ |B|."""
     a64, b64 = a.detach().cpu().double(), b.detach().cpu().double()
-    k = a64.shape[-1]
-    u_out = UNIT_ROUNDOFF["tf32" if out_dtype == "tf32" else out_dtype]
-    return safety * (u_out * (a64 @ b64).abs() + math.sqrt(k) * UNIT_ROUNDOFF[acc_dtype] * (a64.abs() @ b64.abs()))
+    return matmul_error_bound(out_dtype, a64.shape[-1], safety, out_abs=(a64 @ b64).abs(),
+                              sums_abs=a64.abs() @ b64.abs(), acc_dtype=acc_dtype)
 
 
 def error_report(out: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -203,6 +200,7 @@ def fp8_quantize(x: torch.Tensor, fp8_dtype, saturate: bool = True, eps: float =
 
 # ---------------------------------------------------------------------------------- MX formats
 MX_ELEMENTS = {"mxfp8": E4M3, "mxfp4": E2M1}
+MX_RULES = ("spec", "torchao")
 E8M0_BIAS, E8M0_NAN = 127, 255
 _E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
@@ -213,65 +211,99 @@ class MXCast:
     scale_code: torch.Tensor      # uint8 [..., n_blocks]: scale = 2^(code - 127), 255 = NaN
     codes: torch.Tensor           # uint8 [..., K]: e4m3fn bit patterns, or e2m1 nibbles (sign<<3 | index)
     values: torch.Tensor          # float64 element values (before the scale)
-    dequant: torch.Tensor         # float32 values * scale, in the input's layout
+    dequant: torch.Tensor         # float32 values * 2^(code - 127) (NaN in a NaN block), input's layout
 
 
 def _elem_codes(values: torch.Tensor, fmt: MiniFloat) -> torch.Tensor:
     if fmt is E4M3:
         return values.float().to(torch.float8_e4m3fn).view(torch.uint8)   # exact: values are on the grid
     idx = (values.abs().unsqueeze(-1) == _E2M1_VALUES).int().argmax(-1)
+    # e2m1 has no NaN. torchao's encoder sends a NaN's fp32 bits through its normal-number rounding
+    # (add a bias, shift right by 22, keep 8 bits), which lands on index 2, 3 or 4 by payload.
+    m = values.float().view(torch.int32).to(torch.int64) & 0x7FFFFFFF
+    nan_idx = ((m - (126 << 23) + 0x1FFFFF + ((m >> 22) & 1)) >> 22) & 0xFF
+    idx = torch.where(torch.isnan(values), nan_idx, idx)
     return (torch.signbit(values).to(torch.uint8) << 3) | idx.to(torch.uint8)   # -0 keeps its sign
 
 
 def mx_cast(x: torch.Tensor, elem: str = "mxfp8", block: int = 32, axis: int = -1,
-            min_scale_normal: bool = False) -> MXCast:
+            rules: str = "spec") -> MXCast:
     """OCP MX v1.0 cast: blocks of `block` along `axis` share X = 2^(floor(log2 amax) - emax_elem).
 
     emax_elem is the element format's largest exponent (8 for e4m3, 2 for e2m1). Elements are x / X
     rounded to nearest-even and clamped to the element's max (floor-scaling can exceed it by < 2x).
-    An all-zero block gets the smallest scale, 2^-127 (E8M0 code 0); min_scale_normal=True divides by
-    2^-126 there instead, as torchao does (it clamps the fp32 scale to the smallest normal).
+    E8M0 has no zero and no Inf; code 255 is NaN, and a NaN scale makes every element of its block NaN.
+    Where the spec and torchao's to_mx differ, rules="spec" (default) follows the spec, "torchao" torchao:
+      - a block holding a NaN: scale code 255 under both rules;
+      - a block holding +-Inf and no NaN: floor(log2 Inf) is no exponent E8M0 can hold, so "spec"
+        makes it a NaN block (code 255), as the spec's companion library microxcaling does (shared
+        exponents above 127 become NaN): an Inf is not silently turned into a number. "torchao" reads
+        Inf's fp32 exponent field as 2^128: code 128 - emax_elem + 127 (247 e4m3, 253 e2m1), the Inf
+        saturates to +-max, the block's finite values mostly flush to 0, and the Inf decodes back to
+        Inf in fp32 only because max * 2^(128 - emax_elem) overflows;
+      - an all-zero (or tiny) block gets code 0, scale 2^-127; "torchao" divides by 2^-126 there (it
+        clamps the fp32 scale to the smallest normal, since Triton flushes 2^-127 to zero).
+    The elements of a NaN block carry no value; both rules store what torchao stores: x / +Inf (code
+    255 read as fp32 bits is +Inf), i.e. +-0 for finite x and a NaN (sign and payload as this CPU's
+    division gives them) for NaN or Inf x.
     """
     if elem not in MX_ELEMENTS:
         raise ValueError(f"elem must be one of {list(MX_ELEMENTS)}, got {elem!r}")
+    if rules not in MX_RULES:
+        raise ValueError(f"rules must be one of {MX_RULES}, got {rules!r}")
     fmt = MX_ELEMENTS[elem]
     xt = x.detach().cpu().double().movedim(axis, -1)
     if xt.shape[-1] % block:
         raise ValueError(f"the cast axis has length {xt.shape[-1]}, not a multiple of block={block}: pad it")
     blocks = xt.reshape(*xt.shape[:-1], xt.shape[-1] // block, block)
-    amax = blocks.abs().amax(-1)
-    _, e = torch.frexp(amax)
+    amax = blocks.abs().amax(-1)                                        # NaN if any element is NaN
+    _, e = torch.frexp(torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax)))
     emax_elem = int(math.floor(math.log2(fmt.max)))
     shared = torch.clamp(e - 1 - emax_elem, -E8M0_BIAS, E8M0_BIAS)
     shared = torch.where(amax == 0, torch.full_like(shared, -E8M0_BIAS), shared)
-    code = torch.where(torch.isnan(amax), torch.full_like(shared, E8M0_NAN), shared + E8M0_BIAS).to(torch.uint8)
-    div_exp = shared.clamp(min=-126) if min_scale_normal else shared
-    scale = torch.pow(2.0, div_exp.double()).unsqueeze(-1)
-    values = round_to_format(blocks / scale, fmt, saturate=True)
-    deq = (values * scale).reshape(xt.shape).movedim(-1, axis).float()
+    nan_block = torch.isnan(amax)
+    if rules == "torchao":
+        shared = torch.where(torch.isinf(amax), torch.full_like(shared, 128 - emax_elem), shared)
+    else:
+        nan_block = nan_block | torch.isinf(amax)
+    code = torch.where(nan_block, torch.full_like(shared, E8M0_NAN), shared + E8M0_BIAS).to(torch.uint8)
+    div_exp = shared.clamp(min=-126) if rules == "torchao" else shared
+    div = torch.where(nan_block, torch.full_like(amax, math.inf), torch.pow(2.0, div_exp.double()))
+    scale = torch.where(nan_block, torch.full_like(amax, math.nan), torch.pow(2.0, shared.double()))
+    values = round_to_format(blocks / div.unsqueeze(-1), fmt, saturate=True)
+    deq = (values * scale.unsqueeze(-1)).reshape(xt.shape).movedim(-1, axis).float()
     return MXCast(code, _elem_codes(values, fmt).reshape(xt.shape).movedim(-1, axis),
                   values.reshape(xt.shape).movedim(-1, axis), deq)
 
 
-def torchao_mx(x: torch.Tensor, elem: str = "mxfp8", block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao's to_mx on the same tensor, as (E8M0 scale codes uint8, element codes uint8) in our layout."""
+def torchao_mx(x: torch.Tensor, elem: str = "mxfp8", block: int = 32) -> dict:
+    """torchao's to_mx on the same tensor (fp32 and bf16 as they are, other dtypes as fp32): E8M0 scale
+    codes and element codes (uint8, our layout) and its own decode to fp32 (to_dtype)."""
     from torchao.prototype.mx_formats.kernels import unpack_uint4
-    from torchao.prototype.mx_formats.mx_tensor import to_mx
+    from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
 
     dt = torch.float8_e4m3fn if elem == "mxfp8" else torch.float4_e2m1fn_x2
-    scale, data = to_mx(x.detach().float().contiguous(), dt, block)
-    scale = scale.view(torch.uint8).cpu()
-    if elem == "mxfp8":
-        return scale, data.view(torch.uint8).cpu()
-    return scale, unpack_uint4(data.view(torch.uint8).cpu()).reshape(x.shape)
+    xt = x.detach().contiguous()
+    xt = xt if xt.dtype in (torch.float32, torch.bfloat16) else xt.float()
+    scale, data = to_mx(xt, dt, block)
+    deq = to_dtype(data, scale, dt, block, torch.float32).cpu()
+    scale, data = scale.view(torch.uint8).cpu(), data.view(torch.uint8).cpu()
+    codes = data if elem == "mxfp8" else unpack_uint4(data).reshape(x.shape)
+    return {"scale_code": scale, "codes": codes, "dequant": deq}
 
 
-def compare_mx(x: torch.Tensor, elem: str = "mxfp8", block: int = 32, min_scale_normal: bool = False) -> dict:
-    """Our mx_cast against torchao's to_mx: how many scale codes and element codes differ."""
-    ours = mx_cast(x, elem, block, min_scale_normal=min_scale_normal)
-    s, c = torchao_mx(x, elem, block)
-    return {"elem": elem, "blocks": s.numel(), "scale_mismatches": int((s != ours.scale_code).sum()),
-            "elements": c.numel(), "code_mismatches": int((c != ours.codes).sum())}
+def compare_mx(x: torch.Tensor, elem: str = "mxfp8", block: int = 32, rules: str = "spec") -> dict:
+    """Our mx_cast against torchao's to_mx: how many scale codes, element codes and decoded values
+    (NaN counts as equal to NaN) differ, and how many blocks hold a NaN or an Inf."""
+    ours = mx_cast(x, elem, block, rules=rules)
+    ao = torchao_mx(x, elem, block)
+    d, t = ours.dequant, ao["dequant"]
+    same = (d == t) | (torch.isnan(d) & torch.isnan(t))
+    nonfinite = (~torch.isfinite(x.detach().cpu().float().reshape(-1, block))).any(-1)
+    return {"elem": elem, "blocks": ao["scale_code"].numel(), "non_finite_blocks": int(nonfinite.sum()),
+            "scale_mismatches": int((ao["scale_code"] != ours.scale_code).sum()),
+            "elements": ao["codes"].numel(), "code_mismatches": int((ao["codes"] != ours.codes).sum()),
+            "decoded_mismatches": int((~same).sum())}
 
 
 # -------------------------------------------------------------------------------- MX linear layer
