@@ -73,8 +73,8 @@ def cmd_check(args) -> None:
     from utils import models
 
     paths = fixture.fixture_paths(args.root)
-    test = gsm_synth.read_jsonl(paths["test"])[: args.n]
-    shots = random.Random(1234).sample(gsm_synth.read_jsonl(paths["train"]), 5)
+    test = gsm_synth.read_gsm8k(paths["test"])[: args.n]
+    shots = random.Random(1234).sample(gsm_synth.read_gsm8k(paths["train"]), 5)
     for key in ("golden", "int4"):
         if not paths[key].is_dir():
             print(f"{key}: {paths[key]} missing")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .gsm_synth import read_jsonl
+from .gsm_synth import read_gsm8k
 from .models import is_gptq
 
 BUILTIN_TASK = "gsm8k"
@@ -55,7 +55,7 @@ def check_gsm8k_files(train: str | Path, test: str | Path, param: str = "gsm8k_d
             raise EvalInputError(f"{param}: the {split} file {path} does not exist; give a folder holding "
                                  "train.jsonl and test.jsonl in the openai/gsm8k layout")
         try:
-            n = len(read_jsonl(path))
+            n = len(read_gsm8k(path))
         except ValueError as exc:
             raise EvalInputError(f"{param}: {exc}") from exc
         if n == 0:
