@@ -138,6 +138,11 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
     if not (path.is_dir() and (path / "config.json").is_file()):
         raise EvalInputError(f"{param}: {model_path} is not a model folder (no config.json there); give the "
                              "path of a local checkpoint (Lab 02 resolves hub ids to local paths)")
+    from .fetch import FetchError, check_weight_files
+    try:
+        check_weight_files(path, param)
+    except FetchError as exc:
+        raise EvalInputError(str(exc)) from exc
     if backend == "vllm":
         from importlib.util import find_spec
 

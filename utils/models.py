@@ -67,9 +67,16 @@ def gptq_loading_config(path: str | Path, device: str):
     return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device))
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype=None):
-    """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration."""
+def load_model(path: str | Path, device: str = "cpu", dtype=None, param: str = "model"):
+    """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration.
+
+    A damaged weight file fails naming `param`, the file and what to do (not safetensors' bare error).
+    """
     from transformers import AutoModelForCausalLM
+
+    from .fetch import check_weight_files
+
+    check_weight_files(path, param)
 
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}
