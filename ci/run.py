@@ -12,6 +12,7 @@ A lab joins the chain by adding labs/NN_name/NN_name.ipynb and its section in th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -166,7 +167,6 @@ def kernel_manager_class():
 
 def check_resume(resume_from: Path) -> dict:
     """The run.json of an earlier run folder, or a ChainError saying what --resume needs."""
-    import json
 
     manifest_file = Path(resume_from) / RUN_MANIFEST
     if not Path(resume_from).is_dir():
@@ -332,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     except ChainError as exc:
         print(f"ci.run: {exc}", file=sys.stderr)
         return 1
-    print(f"\nrun complete: {run_dir}\nreport: {run_dir / 'report.html'}  (and report.md)")
+    warnings = json.loads((run_dir / RUN_MANIFEST).read_text()).get("warnings") or []
+    note = f" with {len(warnings)} warning(s), printed above and heading the report" if warnings else ""
+    print(f"\nrun complete{note}: {run_dir}\nreport: {run_dir / 'report.html'}  (and report.md)")
     return 0
 
 
