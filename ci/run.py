@@ -167,7 +167,6 @@ def kernel_manager_class():
 
 def check_resume(resume_from: Path) -> dict:
     """The run.json of an earlier run folder, or a ChainError saying what --resume needs."""
-
     manifest_file = Path(resume_from) / RUN_MANIFEST
     if not Path(resume_from).is_dir():
         raise ChainError(f"--resume {resume_from}: no such run folder. Give a folder made by python -m ci.run "
