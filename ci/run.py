@@ -12,6 +12,7 @@ A lab joins the chain by adding labs/NN_name/NN_name.ipynb and its section in th
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -25,7 +26,7 @@ import yaml
 
 from utils.reporting import build_report
 from utils.results import atomic_write_json, atomic_write_text
-from utils.runs import REPO_ROOT, RUN_MANIFEST, new_run_dir, runs_root
+from utils.runs import REPO_ROOT, RUN_MANIFEST, RunsDirError, new_run_dir, runs_root
 
 LABS_DIR = REPO_ROOT / "labs"
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
@@ -57,7 +58,7 @@ def load_profile(name_or_path: str) -> dict:
     for key in ("name", "params", "labs"):
         if key not in profile:
             raise ChainError(f"profile {path} has no '{key}' section")
-    profile["_path"] = str(path)
+    profile["_path"] = str(path.resolve())   # run.json keeps it, so a resume finds the same file
     return profile
 
 
@@ -179,6 +180,45 @@ def kernel_manager_class():
     return IPCKernelManager
 
 
+def check_resume(resume_from: Path) -> dict:
+    """The run.json of an earlier run folder, or a ChainError saying what --resume needs."""
+    manifest_file = Path(resume_from) / RUN_MANIFEST
+    if not Path(resume_from).is_dir():
+        raise ChainError(f"--resume {resume_from}: no such run folder. Give a folder made by python -m ci.run "
+                         f"(they are under {runs_root()}, or the --runs-dir of that run); nothing was run")
+    try:
+        return json.loads(manifest_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ChainError(f"--resume {resume_from}: no readable {RUN_MANIFEST} in it ({exc}), so it is not a "
+                         "run folder of python -m ci.run; give one that is; nothing was run") from exc
+
+
+def resume_command(profile: dict, run_dir: Path, lab: str, runs_dir: Path | None = None) -> str:
+    """The command that resumes run_dir at lab; names the profile's file when it is not a shipped one."""
+    cmd = ["python -m ci.run", f"--resume {run_dir}", f"--from {lab}"]
+    path = Path(profile.get("_path", ""))
+    if path.is_file() and path.resolve().parent != PROFILES_DIR.resolve():
+        cmd.insert(1, f"--profile {path}")
+    if runs_dir is not None:
+        cmd.append(f"--runs-dir {runs_dir}")
+    return " ".join(cmd)
+
+
+def fallback_warning(lab_dir: Path) -> str:
+    """A loud line when a lab records that a model fell back to the fixture; "" otherwise."""
+    from utils.fetch import fallbacks, models_summary
+    from utils.results import ResultsError, read_results
+
+    try:
+        models = (read_results(lab_dir).get("data") or {}).get("models") or {}
+    except ResultsError:
+        return ""
+    if not isinstance(models, dict) or not fallbacks(models):
+        return ""
+    return f"models fell back to the embedded fixture; every number of this run is the fixture's: " \
+           f"{models_summary(models)}"
+
+
 def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from: str | None = None,
               resume_from: Path | None = None, runs_dir: Path | None = None, log=print) -> Path:
     """Run the chain; return the run folder. Raises ChainError (after writing run.json) on failure."""
@@ -193,7 +233,18 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
             raise ChainError(f"profile {profile['name']!r} names lab {lab!r}, which has no notebook in labs/")
     check_common_params(profile, labs)
 
-    run_dir = new_run_dir(profile["name"], runs_dir)
+    if resume_from is not None:
+        check_resume(resume_from)
+    to_run = order[order.index(start_from):] if start_from else order
+    reused = order[: len(order) - len(to_run)]      # labs before --from: reused, not recomputed
+    for lab in reused:
+        if resume_from is None or not (Path(resume_from) / lab / "results.json").is_file():
+            raise ChainError(f"--from {start_from} needs complete results of {lab}: pass --resume RUN_DIR "
+                             "naming a run that has them; nothing was run")
+    try:
+        run_dir = new_run_dir(profile["name"], runs_dir)
+    except RunsDirError as exc:
+        raise ChainError(f"--runs-dir: {exc}") from exc
     manifest = {"schema": "quant-lab/run", "schema_version": 1, "run_id": run_dir.name,
                 "profile": profile["name"], "profile_file": profile["_path"], "status": "running",
                 "started": _now(), "finished": None, "git_commit": _git_commit(),
@@ -203,16 +254,8 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
     def save():
         atomic_write_json(run_dir / RUN_MANIFEST, manifest)
 
-    to_run = order[order.index(start_from):] if start_from else order
-    for lab in order[: len(order) - len(to_run)]:  # labs before --from: reused, not recomputed
-        src = Path(resume_from) / lab if resume_from else None
-        if src is None or not (src / "results.json").is_file():
-            manifest.update(status="failed", finished=_now(),
-                            failure={"lab": lab, "notebook": "", "cell": "-", "ename": "ChainError",
-                                     "evalue": f"--from {start_from} needs {lab}'s results from --resume"})
-            save()
-            raise ChainError(f"--from {start_from} needs complete results of {lab}: pass --resume RUN_DIR "
-                             "naming a run that has them")
+    for lab in reused:
+        src = Path(resume_from) / lab
         shutil.copytree(src, run_dir / lab)
         manifest["labs"].append({"lab": lab, "status": "reused", "from": str(src)})
     save()
@@ -255,8 +298,12 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
                     f"lab {lab} failed: notebook {failure['notebook']}, cell {failure['cell']}: "
                     f"{failure['ename']}: {first_line}\n"
                     f"  executed notebook kept at {out_nb}\n  run folder: {run_dir} (status: failed)\n"
-                    f"  fix it, then: python -m ci.run --resume {run_dir} --from {lab}") from exc
+                    f"  fix it, then: {resume_command(profile, run_dir, lab, runs_dir)}") from exc
             entry.update(status="complete", seconds=round(time.monotonic() - t0, 1))
+            warning = fallback_warning(run_dir / lab)
+            if warning:
+                manifest.setdefault("warnings", []).append(f"{lab}: {warning}")
+                log(f"[{lab}] WARNING: {warning}")
             save()
             build_report(run_dir)
             log(f"[{lab}] complete in {entry['seconds']} s")
@@ -267,6 +314,8 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
     manifest.update(status="complete", finished=_now())
     save()
     build_report(run_dir)
+    for warning in manifest.get("warnings", []):
+        log(f"WARNING: {warning}")
     return run_dir
 
 
@@ -286,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"profile {p.stem}: {(yaml.safe_load(p.read_text()) or {}).get('description', '')}")
         return 0
     try:
-        if args.resume and not args.profile:
-            import json
-            args.profile = json.loads((args.resume / RUN_MANIFEST).read_text())["profile"]
+        if args.resume:
+            earlier = check_resume(args.resume)
+            if not args.profile:   # the file the earlier run was made with, else its name in ci/profiles/
+                saved = earlier.get("profile_file")
+                args.profile = saved if saved and Path(saved).is_file() else earlier.get("profile")
         if not args.profile:
             ap.error("--profile is required (try --list)")
         if args.resume and not args.start_from:
@@ -298,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     except ChainError as exc:
         print(f"ci.run: {exc}", file=sys.stderr)
         return 1
-    print(f"\nrun complete: {run_dir}\nreport: {run_dir / 'report.html'}  (and report.md)")
+    warnings = json.loads((run_dir / RUN_MANIFEST).read_text()).get("warnings") or []
+    note = f" with {len(warnings)} warning(s), printed above and heading the report" if warnings else ""
+    print(f"\nrun complete{note}: {run_dir}\nreport: {run_dir / 'report.html'}  (and report.md)")
     return 0
 
 

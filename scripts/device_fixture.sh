@@ -2,7 +2,8 @@
 # Train the embedded fixture's golden model on the lent GPU (the `device` tool) in one call.
 #     run(carry=['.whl'], command='bash scripts/device_fixture.sh [STEPS]')
 # Brings back $OUT/bf16.tar.gz (unpack here: tar -xzf <files_at>/bf16.tar.gz -C fixtures/tiny-qwen2-gsm/)
-# and $OUT/train.log. Then, here on CPU: python scripts/make_fixture.py quantize
+# and $OUT/train.log. Then, here on CPU: python scripts/make_fixture.py quantize capture (the Int4 twin
+# and the CPU fp32 capture Lab 04 compares against both depend on the golden weights).
 set -euo pipefail
 steps=${1:-2000}
 export PYTHONUNBUFFERED=1

@@ -3,8 +3,12 @@
     python scripts/make_fixture.py data                      # train/test jsonl (seconds, deterministic)
     python scripts/make_fixture.py train --device cuda       # the golden model (~2-3 min on an H100)
     python scripts/make_fixture.py quantize                  # its GPTQ-Int4 twin with GPTQModel (CPU is fine)
+    python scripts/make_fixture.py capture                   # Lab 04's CPU fp32 reference capture of the golden model
     python scripts/make_fixture.py check --device cuda       # quick greedy 5-shot accuracy of both
     python scripts/make_fixture.py all --device cuda         # all of the above, in order
+
+Steps can be chained: after a retrained bf16/ is unpacked, `make_fixture.py quantize capture` remakes
+everything that depends on the golden weights (the Int4 twin and the capture Lab 04 compares against).
 
 Through the device tool, training and its check run in one call:
     run(carry=['.whl'], command='bash scripts/device_fixture.sh')
@@ -68,13 +72,31 @@ def cmd_quantize(args) -> None:
     print(f"GPTQ-Int4 twin in {paths['int4']}")
 
 
+def cmd_capture(args) -> None:
+    from utils import capture
+
+    paths = fixture.fixture_paths(args.root)
+    dest = paths["golden"].parent / "captures" / "cpu-fp32"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".capture-", dir=dest.parent))
+    tmp.chmod(0o755)
+    try:
+        capture.main([str(paths["golden"]), str(tmp), "--prompts", str(paths["test"]), "--n", "2",
+                      "--max-tokens", "24", "--device", "cpu", "--dtype", "float32"])
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_dir(tmp, dest)
+    print(f"capture of {paths['golden']} in {dest}")
+
+
 def cmd_check(args) -> None:
     import torch
     from utils import models
 
     paths = fixture.fixture_paths(args.root)
-    test = gsm_synth.read_jsonl(paths["test"])[: args.n]
-    shots = random.Random(1234).sample(gsm_synth.read_jsonl(paths["train"]), 5)
+    test = gsm_synth.read_gsm8k(paths["test"])[: args.n]
+    shots = random.Random(1234).sample(gsm_synth.read_gsm8k(paths["train"]), 5)
     for key in ("golden", "int4"):
         if not paths[key].is_dir():
             print(f"{key}: {paths[key]} missing")
@@ -90,13 +112,13 @@ def cmd_check(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["data", "train", "quantize", "check", "all"])
+    ap.add_argument("step", nargs="+", choices=["data", "train", "quantize", "capture", "check", "all"])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--n", type=int, default=500, help="held-out problems for the quick check")
     ap.add_argument("--root", default=None, help="fixture folder (default fixtures/tiny-qwen2-gsm)")
     args = ap.parse_args(argv)
-    steps = ["data", "train", "quantize", "check"] if args.step == "all" else [args.step]
+    steps = ["data", "train", "quantize", "capture", "check"] if "all" in args.step else args.step
     for step in steps:
         globals()[f"cmd_{step}"](args)
 

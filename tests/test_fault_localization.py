@@ -29,7 +29,7 @@ FAULTS = {  # name: (plant it in place, the module where it must be found)
 def fixture_model():
     from utils import models
     from utils.fixture import fixture_paths
-    from utils.gsm_synth import read_jsonl
+    from utils.results import read_jsonl
     paths = fixture_paths()
     tok = models.load_tokenizer(paths["golden"])
     golden = models.load_model(paths["golden"], "cpu", torch.float32)

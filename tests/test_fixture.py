@@ -40,8 +40,8 @@ def test_committed_splits_are_the_generated_ones_and_disjoint(tmp_path):
     fresh = fixture.make_data(tmp_path)
     for split in ("train", "test"):
         assert fresh[split].read_bytes() == PATHS[split].read_bytes(), f"{split} differs from its generator"
-    train = gsm_synth.read_jsonl(PATHS["train"])
-    test = gsm_synth.read_jsonl(PATHS["test"])
+    train = gsm_synth.read_gsm8k(PATHS["train"])
+    test = gsm_synth.read_gsm8k(PATHS["test"])
     assert (len(train), len(test)) == (fixture.N_TRAIN, fixture.N_TEST)
     assert not {r["question"] for r in train} & {r["question"] for r in test}
     assert set(train[0]) == {"question", "answer"}  # GSM8K layout, nothing else
@@ -49,16 +49,46 @@ def test_committed_splits_are_the_generated_ones_and_disjoint(tmp_path):
     assert 0.15 < hard / len(test) < 0.45  # the two harder templates keep accuracy below 100%
 
 
+def _tuples(path):
+    return {gsm_synth.signature(r["question"]) for r in gsm_synth.read_gsm8k(path)}
+
+
+def test_held_out_problems_share_no_template_and_numbers_with_train():
+    # A name or an item is no new problem: every (template, numbers) tuple of the test split is unseen.
+    shared = _tuples(PATHS["train"]) & _tuples(PATHS["test"])
+    assert not shared, f"{len(shared)} (template, numbers) tuples in both splits, e.g. {sorted(shared)[:3]}"
+    assert {t for t, _ in _tuples(PATHS["test"])} == set(gsm_synth.TEMPLATES)  # the task mix is kept
+
+
+def test_the_training_stream_never_draws_a_test_tuple():
+    # The golden model trains on an endless stream, not only on train.jsonl.
+    test = _tuples(PATHS["test"])
+    stream = gsm_synth.iter_problems(gsm_synth.TRAIN_SEED, split="train")
+    assert not any((p["template"], p["numbers"]) in test for p in (next(stream) for _ in range(30000)))
+
+
+@pytest.mark.parametrize("template", sorted(gsm_synth.TEMPLATES))
+def test_signature_reads_template_and_numbers_back_from_the_question(template):
+    rng = random.Random(3)
+    for split in gsm_synth.SPLITS:
+        for _ in range(50):
+            p = gsm_synth.problem(rng, template, split=split)
+            assert gsm_synth.signature(p["question"]) == (template, p["numbers"])
+            assert gsm_synth.split_of(template, p["numbers"]) == split
+    with pytest.raises(ValueError, match="no template writes"):
+        gsm_synth.signature("How many apples are there?")
+
+
 def test_read_jsonl_names_the_bad_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "no answer"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl line 2 is not a GSM8K record"):
-        gsm_synth.read_jsonl(p)
+        gsm_synth.read_gsm8k(p)
 
 
 def test_tokenizer_round_trips_fixture_and_real_gsm8k(shared_gsm8k):
     tok = models.load_tokenizer(PATHS["golden"])
-    texts = [gsm_synth.render_example(r) for r in gsm_synth.read_jsonl(PATHS["test"])[:20]]
+    texts = [gsm_synth.render_example(r) for r in gsm_synth.read_gsm8k(PATHS["test"])[:20]]
     texts += [json.loads(line)["answer"] for line in shared_gsm8k.joinpath("test.jsonl").open().readlines()[:20]]
     texts.append("Question: Ünïcode — 42%?\nAnswer:")
     for text in texts:
@@ -91,8 +121,8 @@ def test_fixture_is_small_enough_to_commit():
 def _few_shot_accuracy(path, n=12):
     model = models.load_model(path, device="cpu")
     tok = models.load_tokenizer(path)
-    test = gsm_synth.read_jsonl(PATHS["test"])[:n]
-    shots = random.Random(1234).sample(gsm_synth.read_jsonl(PATHS["train"]), 5)
+    test = gsm_synth.read_gsm8k(PATHS["test"])[:n]
+    shots = random.Random(1234).sample(gsm_synth.read_gsm8k(PATHS["train"]), 5)
     return fixture.quick_accuracy(model, tok, test, shots, "cpu", batch=n)
 
 

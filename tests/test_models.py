@@ -13,7 +13,13 @@ REPO = Path(__file__).resolve().parents[1]
 GOOD_Q = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 
 
-def _model_folder(path: Path, quant: dict | None = None, weights: bytes = b"\x00" * 64) -> Path:
+def _safetensors(n: int = 16) -> bytes:
+    """A valid safetensors file of one float32 tensor (fetch checks the header against the file size)."""
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    return len(header).to_bytes(8, "little") + header + b"\x00" * (4 * n)
+
+
+def _model_folder(path: Path, quant: dict | None = None, weights: bytes = _safetensors()) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     cfg = {"model_type": "qwen2", **({"quantization_config": quant} if quant else {})}
     (path / "config.json").write_text(json.dumps(cfg))
@@ -26,12 +32,12 @@ def _fixture(tmp_path: Path) -> dict:
             "int4": _model_folder(tmp_path / "fx" / "gptq-int4", GOOD_Q)}
 
 
-# A fake downloader: python -c SCRIPT MODE model_id revision staging
+# A fake downloader: python -c SCRIPT MODE WEIGHTS_HEX model_id revision staging
 _FAKE = """
 import sys, time, pathlib
-mode, staging = sys.argv[1], pathlib.Path(sys.argv[4])
+mode, staging = sys.argv[1], pathlib.Path(sys.argv[5])
 if mode in ("ok", "partial"):
-    (staging / "model.safetensors").write_bytes(b"w" * 100)
+    (staging / "model.safetensors").write_bytes(bytes.fromhex(sys.argv[2]))
 if mode == "ok":
     (staging / "config.json").write_text("{}")
     (staging / ".cache").mkdir(exist_ok=True)
@@ -42,7 +48,7 @@ sys.exit(0 if mode == "ok" else 3)
 
 
 def _fake(mode: str) -> list[str]:
-    return [sys.executable, "-c", _FAKE, mode]
+    return [sys.executable, "-c", _FAKE, mode, _safetensors().hex()]
 
 
 def test_manifest_sizes_and_hashes(tmp_path):

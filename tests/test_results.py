@@ -65,3 +65,22 @@ def test_read_truncated_json(tmp_path):
     (tmp_path / "results.json").write_text('{"schema": "quant-lab/res')
     with pytest.raises(results.ResultsError, match="not valid JSON"):
         results.read_results(tmp_path)
+
+
+def test_jsonl_round_trip_keeps_only_the_asked_keys(tmp_path):
+    recs = [{"question": "q1", "answer": "a #### 1", "extra": 1}, {"question": "Ünï", "answer": "#### 2"}]
+    path = results.write_jsonl(recs, tmp_path / "d.jsonl", keys=("question", "answer"))
+    assert results.read_jsonl(path) == [{"question": r["question"], "answer": r["answer"]} for r in recs]
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically, no temporary left
+
+
+def test_read_jsonl_names_the_file_and_line(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"a": 1}\n\n{"a": 2\n')
+    with pytest.raises(ValueError, match=r"d.jsonl line 3 is not JSON"):
+        results.read_jsonl(path)
+    path.write_text('{"a": 1}\n[1]\n')
+    with pytest.raises(ValueError, match=r"d.jsonl line 2 is not a JSON object"):
+        results.read_jsonl(path)
+    with pytest.raises(ValueError, match=r"d.jsonl line 1 has no b"):
+        results.read_jsonl(path, check=lambda r: None if "b" in r else "has no b")

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from .gsm_synth import read_jsonl
+from .gsm_synth import read_gsm8k
 from .models import is_gptq
 
 BUILTIN_TASK = "gsm8k"
@@ -55,7 +55,7 @@ def check_gsm8k_files(train: str | Path, test: str | Path, param: str = "gsm8k_d
             raise EvalInputError(f"{param}: the {split} file {path} does not exist; give a folder holding "
                                  "train.jsonl and test.jsonl in the openai/gsm8k layout")
         try:
-            n = len(read_jsonl(path))
+            n = len(read_gsm8k(path))
         except ValueError as exc:
             raise EvalInputError(f"{param}: {exc}") from exc
         if n == 0:
@@ -148,6 +148,11 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
     if max_length is not None and (int(max_length) != max_length or max_length <= max_gen_toks):
         raise EvalInputError(f"max_length: {max_length!r} must be a whole number of tokens above max_gen_toks "
                              f"({max_gen_toks}): the prompt and the generation share it; None means the model's")
+    from .fetch import FetchError, check_weight_files
+    try:
+        check_weight_files(path, param)
+    except FetchError as exc:
+        raise EvalInputError(str(exc)) from exc
     quantized = is_gptq(path)
     if backend == "vllm":
         from importlib.util import find_spec

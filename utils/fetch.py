@@ -115,19 +115,84 @@ def download(model_id: str, cache_dir: str | Path, revision: str = "master", tim
     return final
 
 
+def looks_like_path(spec: str) -> bool:
+    """A local path rather than a modelscope id ("org/name"): it starts with /, ./, ../ or ~, has more
+    than the one org/name separator, uses the OS's own separator, or exists on disk."""
+    s = str(spec)
+    return (s.startswith(("/", "./", "../", "~", ".\\", "..\\")) or s in (".", "..") or s.count("/") > 1
+            or (os.sep != "/" and os.sep in s) or Path(s).expanduser().exists())
+
+
+def weight_file_problems(path: str | Path) -> list[str]:
+    """What is wrong with a folder's safetensors files, read from their headers alone (no tensor loaded):
+    a file shorter (or longer) than its header says, or a header that does not parse."""
+    problems = []
+    for f in sorted(Path(path).glob("*.safetensors")):
+        size = f.stat().st_size
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if n <= 0 or 8 + n > size:
+                    raise ValueError("header longer than the file")
+                header = json.loads(fh.read(n))
+            header.pop("__metadata__", None)
+            need = 8 + n + max((int(m["data_offsets"][1]) for m in header.values()), default=0)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            problems.append(f"{f} has no readable safetensors header ({exc}; {size} bytes)")
+            continue
+        if size != need:
+            problems.append(f"{f} is {'truncated' if size < need else 'longer than its header says'}: "
+                            f"{size} bytes, its header needs {need}")
+    return problems
+
+
+def check_weight_files(path: str | Path, param: str) -> None:
+    """FetchError naming the parameter, the file and what to do when a weight file is damaged."""
+    problems = weight_file_problems(path)
+    if problems:
+        raise FetchError(f"{param}: {'; '.join(problems)}. The download was cut short or the file was "
+                         f"damaged: delete the folder {path} and fetch it again (Lab 02 re-downloads a "
+                         "modelscope id into cache_dir); for the embedded fixture, git checkout -- fixtures")
+
+
+def models_summary(models: dict) -> str:
+    """One line naming the models a run actually used, fallbacks first and loud."""
+    parts = []
+    for role, m in models.items():
+        if m.get("fallback") or str(m.get("note", "")).startswith("fallback"):
+            parts.append(f"{role}: FIXTURE {m['id']} instead of {m.get('requested', 'the requested model')} "
+                         f"({m['note']})")
+        else:
+            parts.append(f"{role}: {m['source']} {m['id']}")
+    return "; ".join(parts)
+
+
+def fallbacks(models: dict) -> list[str]:
+    """The roles whose model fell back to the fixture."""
+    return [r for r, m in (models or {}).items()
+            if isinstance(m, dict) and (m.get("fallback") or str(m.get("note", "")).startswith("fallback"))]
+
+
 def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path | None = None,
                   revision: str = "master", timeout_s: float = 3600, fixture_fallback: bool = False,
                   fixture_paths: dict | None = None, command: list[str] | None = None) -> dict:
-    """The folder of one of the two models: {"path", "id", "source", "note"}.
+    """The folder of one of the two models: {"path", "id", "source", "note", "requested", "fallback"}.
 
     spec: "fixture" (the embedded pair), a local folder, or a modelscope id. role: "golden" or "int4".
     offline=True never touches the network: a hub id must already be in cache_dir. fixture_fallback
-    lets an unavailable hub model fall back to the fixture (recorded as source "fixture" with a note).
+    lets an unavailable hub model fall back to the fixture (source "fixture", fallback True, a note).
+    A spec that looks like a path (`looks_like_path`) is a folder or an error, never a hub id.
+    The weight files are checked for truncation (`check_weight_files`) whatever the source.
     """
     if role not in ("golden", "int4"):
         raise ValueError(f"role must be 'golden' or 'int4', got {role!r}")
     if not spec:
         raise ValueError(f"the {role} model is empty: give 'fixture', a local folder or a modelscope id")
+
+    def checked(found: dict) -> dict:
+        found.update(requested=spec, fallback=found["note"].startswith("fallback"))
+        check_weight_files(found["path"], f"{role}_model")
+        return found
 
     def fixture(note: str) -> dict:
         paths = fixture_paths
@@ -141,31 +206,38 @@ def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path 
         return {"path": str(path), "id": f"{path.parent.name}/{path.name}", "source": "fixture",
                 "note": note}
 
+    param = f"{role}_model"
     if spec == "fixture":
-        return fixture("the course's embedded fixture")
+        return checked(fixture("the course's embedded fixture"))
     local = Path(spec).expanduser()
     if local.is_dir():
         if not is_complete(local):
-            raise FetchError(f"{local} (the {role} model) has no config.json or no complete weights: "
+            raise FetchError(f"{param}: {local} has no config.json or no complete weights: "
                              "give a complete model folder")
-        return {"path": str(local.resolve()), "id": str(local.resolve()), "source": "local", "note": "a local folder"}
+        return checked({"path": str(local.resolve()), "id": str(local.resolve()), "source": "local",
+                        "note": "a local folder"})
+    if looks_like_path(spec):
+        what = "is a file, not a folder" if local.exists() else "does not exist"
+        raise FetchError(f"{param}: the folder {local} {what}. Give an existing model folder (config.json "
+                         "and weights), 'fixture' for the course's own pair, or a modelscope id such as "
+                         "Qwen/Qwen2.5-7B-Instruct.")
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     cached = snapshot_dir(cache_dir, spec, revision)
     if is_complete(cached):
-        return {"path": str(cached), "id": spec, "source": "modelscope", "note": f"cached in {cache_dir}"}
+        return checked({"path": str(cached), "id": spec, "source": "modelscope", "note": f"cached in {cache_dir}"})
     if offline:
         why = (f"offline=True and {spec}@{revision} is not in cache_dir {cache_dir}")
         if fixture_fallback:
-            return fixture(f"fallback: {why}")
+            return checked(fixture(f"fallback: {why}"))
         raise FetchError(f"{why}. Run once with offline=False where modelscope.cn is reachable, copy the "
                          f"snapshot to {cached}, give a local folder, or set the {role} model to 'fixture'.")
     try:
         path = download(spec, cache_dir, revision, timeout_s, command)
     except FetchError as exc:
         if fixture_fallback:
-            return fixture(f"fallback: {exc}")
+            return checked(fixture(f"fallback: {exc}"))
         raise
-    return {"path": str(path), "id": spec, "source": "modelscope", "note": f"downloaded into {cache_dir}"}
+    return checked({"path": str(path), "id": spec, "source": "modelscope", "note": f"downloaded into {cache_dir}"})
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -200,7 +272,11 @@ def verify_manifest(path: str | Path, current: list[dict] | None = None) -> dict
         return {"recorded": False, "ok": None, "changed": [], "missing": [], "added": []}
     stored = {r["file"]: r for r in json.loads(stored_file.read_text(encoding="utf-8"))}
     now = {r["file"]: r for r in current}
-    changed = [f for f in stored if f in now and stored[f].get("sha256") != now[f].get("sha256")]
+    def differs(a: dict, b: dict) -> bool:   # bytes always; sha256 where both sides hashed the file
+        return a.get("bytes") != b.get("bytes") or (
+            "sha256" in a and "sha256" in b and a["sha256"] != b["sha256"])
+
+    changed = [f for f in stored if f in now and differs(stored[f], now[f])]
     missing = [f for f in stored if f not in now]
     added = [f for f in now if f not in stored]
     return {"recorded": True, "ok": not (changed or missing), "changed": changed, "missing": missing,

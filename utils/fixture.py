@@ -40,13 +40,13 @@ def fixture_paths(root: str | Path | None = None) -> dict[str, Path]:
 
 
 def make_data(root: str | Path | None = None) -> dict[str, Path]:
-    """Write the train and held-out test splits (separate seeds; no test question in train)."""
+    """Write the train and held-out test splits: separate seeds, disjoint (template, numbers) tuples."""
     paths = fixture_paths(root)
-    test = gsm_synth.generate_split(N_TEST, gsm_synth.TEST_SEED)
-    train = gsm_synth.generate_split(N_TRAIN, gsm_synth.TRAIN_SEED, exclude=[p["question"] for p in test])
+    test = gsm_synth.generate_split(N_TEST, gsm_synth.TEST_SEED, split="test")
+    train = gsm_synth.generate_split(N_TRAIN, gsm_synth.TRAIN_SEED, split="train")
     paths["test"].parent.mkdir(parents=True, exist_ok=True)
-    gsm_synth.write_jsonl(train, paths["train"])
-    gsm_synth.write_jsonl(test, paths["test"])
+    gsm_synth.write_gsm8k(train, paths["train"])
+    gsm_synth.write_gsm8k(test, paths["test"])
     return paths
 
 
@@ -98,7 +98,7 @@ def train(out_dir: str | Path, steps: int = 2000, batch: int = 48, seq_len: int 
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
     paths = fixture_paths(root)
-    test_questions = [r["question"] for r in gsm_synth.read_jsonl(paths["test"])]
+    test_questions = [r["question"] for r in gsm_synth.read_gsm8k(paths["test"])]
     torch.manual_seed(seed)
     random.seed(seed)
     tokenizer = build_tokenizer()
@@ -106,7 +106,7 @@ def train(out_dir: str | Path, steps: int = 2000, batch: int = 48, seq_len: int 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
         1 + math.cos(math.pi * min(1.0, s / steps))))
-    problems = gsm_synth.iter_problems(gsm_synth.TRAIN_SEED, exclude=test_questions)
+    problems = gsm_synth.iter_problems(gsm_synth.TRAIN_SEED, exclude=test_questions, split="train")
     log, t0 = [], time.time()
     model.train()
     for step in range(steps):
@@ -162,7 +162,7 @@ def quantize(golden: str | Path, out_dir: str | Path, n_calibration: int = 256,
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     from gptqmodel import GPTQModel, QuantizeConfig
 
-    train = gsm_synth.read_jsonl(fixture_paths(root)["train"])[:n_calibration]
+    train = gsm_synth.read_gsm8k(fixture_paths(root)["train"])[:n_calibration]
     calibration = [gsm_synth.render_example(r) for r in train]
     model = GPTQModel.load(str(golden), QuantizeConfig(**GPTQ_SETTINGS))
     model.quantize(calibration, batch_size=16)

@@ -9,15 +9,20 @@ task (prompt, filters, metric) runs on them unchanged:
 
 Seven templates: five easy ones (one or two steps, small numbers) and two harder ones (three
 steps; a two-digit by two-digit product) that keep a small model near a 7B model's GSM8K accuracy
-rather than at 100%. Train and test come from different seeds; `generate_split` can exclude
-questions (the test set) so that no held-out problem is ever trained on.
+rather than at 100%. Train and test come from different seeds and from disjoint sets of
+(template, numbers) tuples (`split_of`), so no held-out problem differs from a trained one only by
+a name or an item.
 """
 from __future__ import annotations
 
-import json
+import functools
+import hashlib
 import random
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+from .results import read_jsonl, write_jsonl
 
 NAMES = ["Ali", "Bea", "Carl", "Dina", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jade", "Kofi", "Lena",
          "Mia", "Noor", "Omar", "Pia", "Raj", "Sara", "Tom", "Uma", "Vera", "Wen", "Yara", "Zed"]
@@ -38,7 +43,7 @@ def t_add(rng):
     c = a + b
     q = f"{name} has {a} {item}. {name} buys {b} more {item}. How many {item} does {name} have now?"
     s = f"{name} has {a}+{b} = <<{a}+{b}={c}>>{c} {item} now.\n#### {c}"
-    return q, s, c
+    return q, s, c, (a, b)
 
 
 def t_sub(rng):
@@ -49,7 +54,7 @@ def t_sub(rng):
     c = a - b
     q = f"{name} had {a} {item}. {name} gave {b} {item} to {friend}. How many {item} does {name} have left?"
     s = f"{name} has {a}-{b} = <<{a}-{b}={c}>>{c} {item} left.\n#### {c}"
-    return q, s, c
+    return q, s, c, (a, b)
 
 
 def t_mul(rng):
@@ -59,7 +64,7 @@ def t_mul(rng):
     c = a * b
     q = f"{name} buys {a} boxes of {item}. Each box holds {b} {item}. How many {item} does {name} buy?"
     s = f"{name} buys {a}*{b} = <<{a}*{b}={c}>>{c} {item}.\n#### {c}"
-    return q, s, c
+    return q, s, c, (a, b)
 
 
 def t_times_together(rng):
@@ -72,7 +77,7 @@ def t_times_together(rng):
          f"How many {item} do they have together?")
     s = (f"{friend} has {a}*{k} = <<{a}*{k}={b}>>{b} {item}.\n"
          f"Together they have {a}+{b} = <<{a}+{b}={c}>>{c} {item}.\n#### {c}")
-    return q, s, c
+    return q, s, c, (a, k)
 
 
 def t_half_more(rng):
@@ -85,7 +90,7 @@ def t_half_more(rng):
          f"How many {item} did {name} pick in the two days?")
     s = (f"On Tuesday {name} picked {a}/2 = <<{a}/2={b}>>{b} {item}.\n"
          f"In the two days {name} picked {a}+{b} = <<{a}+{b}={c}>>{c} {item}.\n#### {c}")
-    return q, s, c
+    return q, s, c, (a,)
 
 
 def t_packs_three_steps(rng):
@@ -102,7 +107,7 @@ def t_packs_three_steps(rng):
     s = (f"{name} buys {a}*{b} = <<{a}*{b}={total}>>{total} {item}.\n"
          f"After giving some away {name} has {total}-{g} = <<{total}-{g}={left}>>{left} {item}.\n"
          f"Now {name} has {left}+{d} = <<{left}+{d}={c}>>{c} {item}.\n#### {c}")
-    return q, s, c
+    return q, s, c, (a, b, g, d)
 
 
 def t_orchard_product(rng):
@@ -115,10 +120,10 @@ def t_orchard_product(rng):
          f"How many {tree} trees are left?")
     s = (f"The farm has {a}*{b} = <<{a}*{b}={total}>>{total} {tree} trees.\n"
          f"After the cut {total}-{cut} = <<{total}-{cut}={c}>>{c} trees are left.\n#### {c}")
-    return q, s, c
+    return q, s, c, (a, b, cut)
 
 
-TEMPLATES: dict[str, Callable[[random.Random], tuple[str, str, int]]] = {
+TEMPLATES: dict[str, Callable[[random.Random], tuple[str, str, int, tuple[int, ...]]]] = {
     "add": t_add,
     "sub": t_sub,
     "mul": t_mul,
@@ -131,30 +136,51 @@ HARD_TEMPLATES = ("packs_three_steps", "orchard_product")
 
 TRAIN_SEED = 1234
 TEST_SEED = 98765
+# One in TEST_SHARE_INV (template, numbers) tuples of every template is reserved for the test split.
+# Why: a name or an item is no new problem; a held-out problem must have numbers the model never
+# saw in that template, or its accuracy is partly recall. Drawn from the same number ranges, the
+# test stays in distribution; the three small templates (mul: 88 tuples, half_more: 39,
+# times_together: 76) would otherwise be covered entirely by training.
+TEST_SHARE_INV = 5
+SPLITS = ("train", "test")
 
 
-def problem(rng: random.Random, template: str | None = None) -> dict:
-    """One problem as a GSM8K record (question, answer) plus its template and integer result."""
+def split_of(template: str, numbers: tuple[int, ...]) -> str:
+    """"train" or "test": a fixed hash of the (template, numbers) tuple, the same on every machine."""
+    key = f"{template}:{','.join(map(str, numbers))}".encode()
+    return "test" if int(hashlib.sha256(key).hexdigest(), 16) % TEST_SHARE_INV == 0 else "train"
+
+
+def problem(rng: random.Random, template: str | None = None, split: str | None = None) -> dict:
+    """One problem as a GSM8K record (question, answer) plus its template, numbers and integer result.
+
+    split: None draws from every tuple; "train" / "test" redraws the numbers (same template) until
+    the tuple belongs to that split, so each split is uniform over its own part of the same ranges.
+    """
+    if split not in (None, *SPLITS):
+        raise ValueError(f"split must be None, 'train' or 'test', got {split!r}")
     name = template or rng.choice(list(TEMPLATES))
-    q, s, c = TEMPLATES[name](rng)
-    return {"question": q, "answer": s, "template": name, "result": c}
+    while True:
+        q, s, c, numbers = TEMPLATES[name](rng)
+        if split is None or split_of(name, numbers) == split:
+            return {"question": q, "answer": s, "template": name, "numbers": numbers, "result": c}
 
 
-def iter_problems(seed: int, exclude: Iterable[str] = ()) -> Iterator[dict]:
-    """An endless, deterministic stream of problems; questions in `exclude` are skipped."""
+def iter_problems(seed: int, exclude: Iterable[str] = (), split: str | None = None) -> Iterator[dict]:
+    """An endless, deterministic stream of problems of `split`; questions in `exclude` are skipped."""
     rng = random.Random(seed)
     skip = set(exclude)
     while True:
-        p = problem(rng)
+        p = problem(rng, split=split)
         if p["question"] not in skip:
             yield p
 
 
-def generate_split(n: int, seed: int, exclude: Iterable[str] = ()) -> list[dict]:
-    """n distinct problems from `seed` (no repeated question), none of them in `exclude`."""
+def generate_split(n: int, seed: int, exclude: Iterable[str] = (), split: str | None = None) -> list[dict]:
+    """n distinct problems of `split` from `seed` (no repeated question), none of them in `exclude`."""
     seen = set(exclude)
     out = []
-    for p in iter_problems(seed):
+    for p in iter_problems(seed, split=split):
         if p["question"] in seen:
             continue
         seen.add(p["question"])
@@ -162,6 +188,30 @@ def generate_split(n: int, seed: int, exclude: Iterable[str] = ()) -> list[dict]
         if len(out) == n:
             return out
     raise AssertionError("unreachable")
+
+
+_WORDS = re.compile(r"\b(" + "|".join(sorted({*NAMES, *ITEMS, *TREES}, key=len, reverse=True)) + r")\b")
+
+
+def _skeleton(question: str) -> str:
+    return re.sub(r"\d+", "#", _WORDS.sub("W", question))
+
+
+@functools.lru_cache(maxsize=1)
+def _skeletons() -> dict[str, str]:
+    rng = random.Random(0)
+    return {_skeleton(problem(rng, name)["question"]): name for name in TEMPLATES}
+
+
+def signature(question: str) -> tuple[str, tuple[int, ...]]:
+    """(template, numbers) of a question read back from its text: what decides its split.
+
+    Raises ValueError for a question no template writes.
+    """
+    name = _skeletons().get(_skeleton(question))
+    if name is None:
+        raise ValueError(f"no template writes {question!r}")
+    return name, tuple(int(x) for x in re.findall(r"\d+", question))
 
 
 def final_answer(answer: str) -> str:
@@ -173,8 +223,6 @@ def final_answer(answer: str) -> str:
 
 def check_record(rec: dict) -> None:
     """Raise ValueError unless every <<expr=value>> annotation and the final line are arithmetically right."""
-    import re
-
     for expr, value in re.findall(r"<<([^=<>]+)=([^<>]+)>>", rec["answer"]):
         if not re.fullmatch(r"[\d+\-*/ ().]+", expr):
             raise ValueError(f"unexpected calculator expression {expr!r}")
@@ -184,34 +232,25 @@ def check_record(rec: dict) -> None:
         raise ValueError(f"final answer does not match the result in {rec['question']!r}")
 
 
-def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
+GSM8K_KEYS = ("question", "answer")
+
+
+def gsm8k_record_error(rec) -> str | None:
+    """Why `rec` is not an openai/gsm8k record ('question', 'answer' ending in '#### N'), or None."""
+    if not (isinstance(rec, dict) and isinstance(rec.get("question"), str)
+            and isinstance(rec.get("answer"), str) and "#### " in rec["answer"]):
+        return "is not a GSM8K record: it needs 'question' and 'answer' strings, the answer ending in '#### N'"
+    return None
+
+
+def read_gsm8k(path: str | Path) -> list[dict]:
+    """A GSM8K-layout jsonl file, every line checked (utils.results.read_jsonl). Raises ValueError."""
+    return read_jsonl(path, check=gsm8k_record_error)
+
+
+def write_gsm8k(records: Iterable[dict], path: str | Path) -> Path:
     """GSM8K layout: one {"question", "answer"} object per line (extra keys dropped), written atomically."""
-    from .results import atomic_write_text
-
-    lines = [json.dumps({"question": r["question"], "answer": r["answer"]}, ensure_ascii=False) for r in records]
-    return atomic_write_text(path, "\n".join(lines) + "\n")
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Read a GSM8K-layout jsonl file (openai/gsm8k: 'question', 'answer' ending in '#### N').
-
-    Every line is checked, so a malformed file fails here, naming the file and line, not half-way
-    through a training run or an evaluation. Raises ValueError.
-    """
-    out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} line {i} is not JSON ({exc.msg})") from exc
-        if not (isinstance(rec, dict) and isinstance(rec.get("question"), str)
-                and isinstance(rec.get("answer"), str) and "#### " in rec["answer"]):
-            raise ValueError(f"{path} line {i} is not a GSM8K record: it needs 'question' and 'answer' "
-                             "strings, the answer ending in '#### N'")
-        out.append(rec)
-    return out
+    return write_jsonl(records, path, keys=GSM8K_KEYS)
 
 
 def render_example(rec: dict) -> str:

@@ -31,11 +31,11 @@ def resolve_models(run_dir: str = "", golden_model: str = "fixture", int4_model:
 
 def gsm8k_questions(test_path: str | None, limit: int | None, offline: bool = True) -> list[str]:
     """GSM8K test questions: from a local jsonl (the fixture's, or Lab 02's), else the hub's openai/gsm8k."""
-    from .gsm_synth import read_jsonl
+    from .gsm_synth import read_gsm8k
     if test_path:
         if not Path(test_path).is_file():
             raise FileNotFoundError(f"GSM8K test file {test_path} does not exist: rerun Lab 02.")
-        questions = [r["question"] for r in read_jsonl(test_path)]
+        questions = [r["question"] for r in read_gsm8k(test_path)]
     elif offline:
         raise ValueError("no local GSM8K test file and offline=True: set offline=False to read openai/gsm8k "
                          "from the hub, or run Lab 02 with the fixture.")

@@ -94,10 +94,17 @@ def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device, backend))
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto"):
+def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model"):
     """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration,
-    with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model)."""
+    with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model).
+
+    A damaged weight file fails naming `param`, the file and what to do (not safetensors' bare error).
+    """
     from transformers import AutoModelForCausalLM
+
+    from .fetch import check_weight_files
+
+    check_weight_files(path, param)
 
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}

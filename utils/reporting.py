@@ -53,6 +53,18 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _fallback_warnings(labs: list[tuple[str, dict | None, str]]) -> list[str]:
+    """A line per lab whose recorded models fell back to the embedded fixture."""
+    from .fetch import fallbacks, models_summary
+
+    out = []
+    for lab, res, _ in labs:
+        models = ((res or {}).get("data") or {}).get("models")
+        if isinstance(models, dict) and fallbacks(models):
+            out.append(f"{lab}: models fell back to the embedded fixture ({models_summary(models)})")
+    return out
+
+
 def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     """Write report.md and report.html into run_dir; return their paths."""
     from .results import atomic_write_text
@@ -66,6 +78,9 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     hp = [f"<h1>{html.escape(title)}</h1><ul>",
           f"<li>profile: <code>{html.escape(str(manifest.get('profile', '?')))}</code></li>",
           f"<li>status: <b>{html.escape(status)}</b></li></ul>"]
+    for warning in _fallback_warnings(labs):   # first lines: the numbers below are not the asked-for models'
+        md += ["", f"> **WARNING: {warning}**"]
+        hp.append(f"<p style='color:#b00'><b>WARNING: {html.escape(warning)}</b></p>")
     failure = manifest.get("failure")
     if failure:
         msg = (f"FAILED in {failure.get('notebook')} at cell {failure.get('cell')}: "

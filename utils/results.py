@@ -12,7 +12,7 @@ import os
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 SCHEMA = "quant-lab/results"
 SCHEMA_VERSION = 1
@@ -61,6 +61,33 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     """JSON through atomic_write_text; NaN/Inf become the strings "nan"/"inf", never bare NaN."""
     return atomic_write_text(path, json.dumps(_jsonable(payload), indent=2, allow_nan=False) + "\n")
+
+
+def write_jsonl(records: Iterable[dict], path: str | os.PathLike, keys: Iterable[str] | None = None) -> Path:
+    """One JSON object per line (only `keys` of each record if given), written atomically."""
+    keys = tuple(keys) if keys is not None else None
+    lines = [json.dumps({k: r[k] for k in keys} if keys else r, ensure_ascii=False) for r in records]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike, check: Callable[[Any], str | None] | None = None) -> list[dict]:
+    """Read a jsonl file, every line checked, so a malformed file fails here, naming the file and line.
+
+    check(record) returns why a record is wrong (or None); blank lines are skipped. Raises ValueError.
+    """
+    out = []
+    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} line {i} is not JSON ({exc.msg})") from exc
+        why = check(rec) if check else (None if isinstance(rec, dict) else "is not a JSON object")
+        if why:
+            raise ValueError(f"{path} line {i} {why}")
+        out.append(rec)
+    return out
 
 
 def write_results(

@@ -18,6 +18,10 @@ RUN_MANIFEST = "run.json"
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+class RunsDirError(OSError):
+    """The runs folder cannot be written; the message says where else runs can go."""
+
+
 def runs_root() -> Path:
     """Where run folders live: $QUANTLAB_RUNS, else <repo>/runs."""
     return Path(os.environ.get("QUANTLAB_RUNS", REPO_ROOT / "runs")).resolve()
@@ -28,15 +32,21 @@ def new_run_dir(profile: str, root: str | os.PathLike | None = None, now: dateti
     if not _NAME_OK.match(profile):
         raise ValueError(f"profile name {profile!r} must be letters, digits, '.', '_' or '-'")
     root = Path(root) if root is not None else runs_root()
-    root.mkdir(parents=True, exist_ok=True)
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    for n in range(1, 1000):
-        name = f"{stamp}-{profile}" if n == 1 else f"{stamp}-{profile}-{n}"
-        try:
-            (root / name).mkdir()
-        except FileExistsError:
-            continue
-        return root / name
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            name = f"{stamp}-{profile}" if n == 1 else f"{stamp}-{profile}-{n}"
+            try:
+                (root / name).mkdir()
+            except FileExistsError:
+                continue
+            return root / name
+    except OSError as exc:  # read-only, full, or a file in the way: say where runs go instead
+        raise RunsDirError(
+            f"cannot create a run folder under {root} ({exc.strerror or exc}): give a writable folder "
+            "(python -m ci.run --runs-dir DIR, or the QUANTLAB_RUNS environment variable; a notebook "
+            "opened alone writes under $QUANTLAB_RUNS or runs/)") from exc
     raise RuntimeError(f"could not create a new run folder under {root}")
 
 
