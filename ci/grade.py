@@ -123,12 +123,17 @@ def make_course(out: Path, labs: dict[str, Path], cell_timeout: int) -> Path:
     course.mkdir(parents=True)
     (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course), course=COURSE_ID,
                                                              cell_timeout=cell_timeout))
-    for lab, nb_path in labs.items():
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    os.environ["PATH"] = _path_with_venv()
+    api = NbGraderAPI(coursedir=CourseDirectory(root=str(course), course_id=COURSE_ID))
+    for lab, nb_path in labs.items():      # generate_assignment runs no student code: in this process
         (course / "source" / lab).mkdir(parents=True)
         shutil.copy2(nb_path, course / "source" / lab / nb_path.name)
-        r = nbgrader(["generate_assignment", lab, "--force"], course, timeout=600)
-        if r.returncode != 0 or not (course / "release" / lab / nb_path.name).is_file():
-            raise GradeError(f"nbgrader generate_assignment {lab} failed:\n{r.stdout[-2000:]}{r.stderr[-4000:]}")
+        r = api.generate_assignment(lab, force=True, create=True)
+        if not r["success"] or not (course / "release" / lab / nb_path.name).is_file():
+            raise GradeError(f"nbgrader generate_assignment {lab} failed:\n{r.get('error', '')}{r.get('log', '')[-4000:]}")
     return course
 
 
