@@ -171,6 +171,38 @@ def read_scores(course: Path, lab: str, student: str) -> dict[str, float]:
                 or g.manual_score is not None}
 
 
+def autograde(course: Path, lab: str, student: str, nb, timeout: float):
+    """nbgrader autograde of one notebook in its own process: (status, detail, {exercise: points}, {exercise: failure})."""
+    dest = course / "submitted" / student / lab
+    dest.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, dest / f"{lab}.ipynb")
+    try:
+        r = nbgrader(["autograde", lab, "--student", student, "--force"], course, timeout=timeout)
+        status = "graded" if r.returncode == 0 else f"nbgrader failed (exit {r.returncode})"
+        detail = "" if r.returncode == 0 else " ".join((r.stderr or r.stdout).strip().splitlines()[-1:])
+    except subprocess.TimeoutExpired:
+        status, detail = f"cut at the {timeout:.0f} s limit", ""
+    scores = read_scores(course, lab, student) if status == "graded" else {}
+    return status, detail, scores, failure_message(course / "autograded" / student / lab / f"{lab}.ipynb")
+
+
+def grade_each_alone(course: Path, lab: str, student: str, nb_path: Path, exercises: list[str], timeout: float):
+    """Score what a submission reached when its kernel died: grade each exercise with every other one's
+    solution cell blanked, so one exercise that kills the kernel costs only its own points. The
+    exercises share nothing but the setup cell, so each alone scores as it would in the whole."""
+    scores, msgs = {}, {}
+    for ex in exercises:
+        nb = nbformat.read(nb_path, as_version=4)
+        for c in nb.cells:
+            meta = c.metadata.get("nbgrader", {})
+            if meta.get("solution") and meta.get("grade_id") != ex:
+                c.source = "raise NotImplementedError()"
+        status, _, got, why = autograde(course, lab, student, nb, timeout)
+        scores[ex] = got.get(ex, 0.0)
+        msgs[ex] = why.get(ex) or (status if status != "graded" else "")
+    return scores, {k: v for k, v in msgs.items() if v}
+
+
 def grade_round(submissions: Path, out: Path, labs: list[str] | None = None, cell_timeout: int = 30,
                 timeout: float = 300) -> dict:
     if out.exists() and any(out.iterdir()):
@@ -190,26 +222,20 @@ def grade_round(submissions: Path, out: Path, labs: list[str] | None = None, cel
     for student, mine in subs.items():
         row = {"student": student}
         for lab, nb_path in mine.items():
-            dest = course / "submitted" / student / lab
-            dest.mkdir(parents=True)
-            shutil.copy2(nb_path, dest / f"{lab}.ipynb")
             t = time.perf_counter()
-            try:
-                r = nbgrader(["autograde", lab, "--student", student, "--force"], course, timeout=timeout)
-                status = "graded" if r.returncode == 0 else f"nbgrader failed (exit {r.returncode})"
-                detail = "" if r.returncode == 0 else (r.stderr or r.stdout).strip().splitlines()[-1:]
-            except subprocess.TimeoutExpired:
-                status, detail = f"cut at the {timeout:.0f} s limit", ""
+            status, detail, scores, msgs = autograde(course, lab, student, nbformat.read(nb_path, as_version=4),
+                                                     timeout)
+            if status != "graded":          # the kernel died (or it ran out of time): each exercise alone
+                scores, msgs = grade_each_alone(course, lab, student, nb_path, list(points[lab]), timeout)
+                status += "; each exercise then graded alone"
             seconds = time.perf_counter() - t
-            scores = read_scores(course, lab, student) if status == "graded" else {}
-            msgs = failure_message(course / "autograded" / student / lab / f"{lab}.ipynb")
             for ex, full in points[lab].items():
                 col = f"{lab}/{ex}"
                 row[col] = scores.get(ex, 0.0)
                 if row[col] < full:
                     failures[col][msgs.get(ex) or status] += 1
             runs.append({"student": student, "lab": lab, "status": status, "seconds": round(seconds, 1),
-                         **({"detail": " ".join(detail)} if detail else {})})
+                         **({"detail": detail} if detail else {})})
         row["total"] = sum(row.get(c, 0.0) for c in columns)
         rows.append(row)
     with open(out / "grades.csv", "w", newline="") as f:

@@ -1,8 +1,9 @@
 """The instructor's round (ci.grade) end to end with nbgrader: release, autograde, CSV, summary.
 
-One round over four students runs once for the module: `complete` (every lab's source notebook),
-`blank` (the student release of Lab 01, untouched), `wrong` (Lab 01 with one planted wrong answer) and
-`loop` (Lab 01 whose first exercise never returns).
+One round over five students runs once for the module: `complete` (every lab's source notebook),
+`blank` (the student release of Lab 01, untouched), `wrong` (Lab 01 with one planted wrong answer),
+`loop` (Lab 01 whose first exercise never returns) and `crash` (Lab 01 whose second exercise kills
+the kernel).
 """
 import csv
 import json
@@ -52,6 +53,9 @@ def graded(tmp_path_factory, release):
     loop = _edit_solution(nbformat.from_dict(source), "ridge_point", "while True:\n    pass")
     (subs / "loop").mkdir()
     nbformat.write(loop, subs / "loop" / "01_env.ipynb")
+    crash = _edit_solution(nbformat.from_dict(source), "gemm_intensity", "import os\nos._exit(1)")
+    (subs / "crash").mkdir()
+    nbformat.write(crash, subs / "crash" / "01_env.ipynb")
     out = base / "out"
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "ci.grade", "--submissions", str(subs), "--out", str(out),
@@ -96,7 +100,7 @@ def test_blank_release_scores_zero_on_every_exercise(graded):
     cols = [c for c in graded["summary"]["exercises"] if c.startswith("01_env/")]
     assert cols and all(float(row[c]) == 0.0 for c in cols)
     ridge = graded["summary"]["exercises"]["01_env/ridge_point"]
-    assert ridge["pass_rate"] == 0.5                                     # `complete` and `wrong` pass it
+    assert ridge["pass_rate"] == 0.6                                     # `complete`, `wrong`, `crash` pass it
     assert "not done yet" in ridge["most_common_failure"][0] or "CellTimeoutError" in ridge["most_common_failure"][0]
 
 
@@ -120,13 +124,22 @@ def test_endless_loop_is_cut_and_the_rest_still_scores(graded):
     assert any(o.output_type == "error" and "Timeout" in o.ename for o in cut.outputs)
 
 
+def test_a_kernel_that_dies_costs_only_that_exercise(graded):
+    row, exs = graded["rows"]["crash"], graded["summary"]["exercises"]
+    assert float(row["01_env/gemm_intensity"]) == 0.0
+    assert float(row["01_env/ridge_point"]) == exs["01_env/ridge_point"]["points"]
+    assert float(row["01_env/matmul_error_bound"]) == exs["01_env/matmul_error_bound"]["points"]
+    crash = next(s for s in graded["summary"]["submissions"] if s["student"] == "crash")
+    assert crash["status"].endswith("each exercise then graded alone")
+
+
 def test_round_writes_csv_and_summary_and_grades_fast(graded):
-    assert set(graded["rows"]) == {"complete", "blank", "wrong", "loop"}
-    assert (graded["out"] / "summary.md").read_text().startswith("# Grading round: 4 students")
+    assert set(graded["rows"]) == {"complete", "blank", "wrong", "loop", "crash"}
+    assert (graded["out"] / "summary.md").read_text().startswith("# Grading round: 5 students")
     for s in graded["summary"]["submissions"]:
-        if s["student"] != "loop":
+        if s["student"] not in ("loop", "crash"):
             assert s["status"] == "graded" and s["seconds"] < 60, s
-    print(f"round of 8 submissions: {graded['seconds']:.0f} s", graded["summary"]["submissions"])
+    print(f"round of 9 submissions: {graded['seconds']:.0f} s", graded["summary"]["submissions"])
 
 
 def test_bad_input_is_named(tmp_path):
@@ -141,3 +154,21 @@ def test_bad_input_is_named(tmp_path):
         grade.grade_round(tmp_path / "subs", tmp_path / "full")
     with pytest.raises(grade.GradeError, match="not a lab with exercises"):
         grade.grade_round(tmp_path / "subs", tmp_path / "out2", labs=["09_nothing"])
+
+
+def test_blank_release_of_lab01_runs_end_to_end_on_the_references(release, tmp_path):
+    """The student release executes with every exercise blank: the lab goes on with utils' references.
+    Lab 01 stands for the five (the cheapest to run whole); every lab's exercise cells are run blank,
+    alone, in tests/test_lab_exercises.py."""
+    import papermill
+
+    out = tmp_path / "01_env.ipynb"
+    papermill.execute_notebook(str(release / "01_env" / "01_env.ipynb"), str(out), cwd=str(ROOT),
+                               parameters={"device": "cpu", "run_dir": str(tmp_path / "run"), "matmul_n": 128,
+                                           "copy_mib": 16, "repeats": 2, "check_n": 128}, progress_bar=False)
+    nb = nbformat.read(out, as_version=4)
+    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert text.count("not done yet") == 3 and "self-check passed" not in text
+    apply = next(c for c in nb.cells if c.get("id") == "ex01-apply")
+    assert "ridge FLOP/byte" in apply.outputs[0]["data"]["text/plain"]
+    assert (tmp_path / "run" / "01_env" / "results.json").is_file()
