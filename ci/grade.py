@@ -179,7 +179,9 @@ def autograde(course: Path, lab: str, student: str, nb, timeout: float):
     try:
         r = nbgrader(["autograde", lab, "--student", student, "--force"], course, timeout=timeout)
         status = "graded" if r.returncode == 0 else f"nbgrader failed (exit {r.returncode})"
-        detail = "" if r.returncode == 0 else " ".join((r.stderr or r.stdout).strip().splitlines()[-1:])
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        named = [ln.strip() for ln in lines if "DeadKernelError" in ln or "Kernel died" in ln]
+        detail = "" if r.returncode == 0 else (named or lines[-1:] or [""])[-1][:300]
     except subprocess.TimeoutExpired:
         status, detail = f"cut at the {timeout:.0f} s limit", ""
     scores = read_scores(course, lab, student) if status == "graded" else {}

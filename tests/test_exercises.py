@@ -101,3 +101,12 @@ def test_formulas_agree_with_the_roofline_and_torch():
         formulas.ridge_point(1.0, 0.0)
     with pytest.raises(ValueError, match="shape"):
         formulas.kl_divergence(torch.zeros(3), torch.zeros(4))
+
+
+def test_mx_scale_code_is_the_blocks_code_in_mx_cast():
+    from utils import numerics
+    x = torch.randn(4, 64) * torch.tensor([[1e-3], [1.0], [7.0], [0.0]])
+    codes = numerics.mx_cast(x, "mxfp8", block=32).scale_code
+    assert [formulas.mx_scale_code(x[r, 32 * b:32 * (b + 1)]) for r in range(4) for b in range(2)] == codes.flatten().tolist()
+    assert formulas.mx_scale_code(torch.ones(32)) == 119 and formulas.mx_scale_code(torch.ones(32), "mxfp4") == 125
+    assert formulas.mx_scale_code(torch.zeros(32)) == 0

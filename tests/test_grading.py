@@ -162,8 +162,11 @@ def test_blank_release_of_lab01_runs_end_to_end_on_the_references(release, tmp_p
     alone, in tests/test_lab_exercises.py."""
     import papermill
 
-    out = tmp_path / "01_env.ipynb"
+    from ci.run import kernel_manager_class
+
+    out, km = tmp_path / "01_env.ipynb", kernel_manager_class()
     papermill.execute_notebook(str(release / "01_env" / "01_env.ipynb"), str(out), cwd=str(ROOT),
+                               **({"kernel_manager_class": km} if km else {}),
                                parameters={"device": "cpu", "run_dir": str(tmp_path / "run"), "matmul_n": 128,
                                            "copy_mib": 16, "repeats": 2, "check_n": 128}, progress_bar=False)
     nb = nbformat.read(out, as_version=4)

@@ -2,11 +2,14 @@
 
 ridge_point and gemm_intensity place a kernel on the roofline (Lab 01, Lab 05);
 gptq_bytes_per_parameter is what a GPTQ checkpoint stores per weight (Lab 02); kl_divergence is
-the per-token KL(golden || test) of Lab 04's llama.cpp-style statistics, for one pair of logit rows.
+the per-token KL(golden || test) of Lab 04's llama.cpp-style statistics, for one pair of logit rows;
+mx_scale_code is one MX block's shared E8M0 scale (Lab 05).
 """
 from __future__ import annotations
 
 import torch
+
+from .numerics import mx_cast
 
 
 def ridge_point(peak_tflops: float, bandwidth_gbps: float) -> float:
@@ -37,3 +40,11 @@ def kl_divergence(golden_logits: torch.Tensor, test_logits: torch.Tensor) -> flo
     p = torch.log_softmax(golden_logits.double(), -1)
     q = torch.log_softmax(test_logits.double(), -1)
     return float((p.exp() * (p - q)).sum())
+
+
+def mx_scale_code(block: torch.Tensor, elem: str = "mxfp8") -> int:
+    """The E8M0 code of one MX block's shared scale (OCP MX v1.0), as utils.numerics.mx_cast computes it:
+    floor(log2 amax) minus the element format's largest exponent, plus the bias 127; 0 for an all-zero
+    block, 255 for a block holding a NaN."""
+    flat = block.reshape(1, -1)
+    return int(mx_cast(flat, elem, block=flat.shape[1]).scale_code.item())
