@@ -205,15 +205,25 @@ def grade_each_alone(course: Path, lab: str, student: str, nb_path: Path, exerci
     return scores, {k: v for k, v in msgs.items() if v}
 
 
-def grade_round(submissions: Path, out: Path, labs: list[str] | None = None, cell_timeout: int = 30,
-                timeout: float = 300) -> dict:
+def choose_labs(out: Path, labs: list[str] | None) -> dict[str, Path]:
+    """The labs to release or grade (all with exercises by default), after checking --out is new."""
     if out.exists() and any(out.iterdir()):
         raise GradeError(f"--out {out} exists and is not empty: give a new folder (earlier rounds are kept)")
     all_labs = graded_labs()
     unknown = sorted(set(labs or []) - set(all_labs))
     if unknown:
         raise GradeError(f"--labs {unknown}: not a lab with exercises (known: {sorted(all_labs)})")
-    chosen = {k: v for k, v in all_labs.items() if not labs or k in labs}
+    return {k: v for k, v in all_labs.items() if not labs or k in labs}
+
+
+def make_release(out: Path, labs: list[str] | None = None, cell_timeout: int = 30) -> Path:
+    """Only the student release, to hand out before a round: OUT/course/release/<lab>/<lab>.ipynb."""
+    return make_course(out, choose_labs(out, labs), cell_timeout) / "release"
+
+
+def grade_round(submissions: Path, out: Path, labs: list[str] | None = None, cell_timeout: int = 30,
+                timeout: float = 300) -> dict:
+    chosen = choose_labs(out, labs)
     subs = find_submissions(submissions, list(chosen))
     t0 = time.perf_counter()
     course = make_course(out, chosen, cell_timeout)
@@ -272,14 +282,21 @@ def summary_markdown(s: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--submissions", required=True, type=Path, help="folder of <student>/<lab>.ipynb")
+    ap.add_argument("--submissions", type=Path, help="folder of <student>/<lab>.ipynb")
+    ap.add_argument("--release-only", action="store_true", help="only make the student release (OUT/course/release)")
     ap.add_argument("--out", required=True, type=Path, help="a new folder for the course, grades.csv and summary")
     ap.add_argument("--labs", default="", help="comma-separated labs to grade (default: every lab with exercises)")
     ap.add_argument("--cell-timeout", type=int, default=30, help="seconds any one cell may run (nbgrader's)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds one submission of one lab may take")
     a = ap.parse_args(argv)
+    labs = [x for x in a.labs.split(",") if x] or None
     try:
-        s = grade_round(a.submissions, a.out, [x for x in a.labs.split(",") if x] or None, a.cell_timeout, a.timeout)
+        if a.release_only:
+            print(f"student release: {make_release(a.out, labs, a.cell_timeout)}")
+            return 0
+        if a.submissions is None:
+            raise GradeError("--submissions is required (or --release-only to make the release alone)")
+        s = grade_round(a.submissions, a.out, labs, a.cell_timeout, a.timeout)
     except GradeError as e:
         print(f"ci.grade: {e}", file=sys.stderr)
         return 2

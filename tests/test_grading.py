@@ -31,7 +31,9 @@ def _edit_solution(nb, grade_id, new_source):
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
     """Every lab's student release, made by nbgrader generate_assignment (what students get)."""
-    return grade.make_course(tmp_path_factory.mktemp("release"), grade.graded_labs(), 30) / "release"
+    out = tmp_path_factory.mktemp("release") / "out"
+    assert grade.main(["--release-only", "--out", str(out)]) == 0
+    return out / "course" / "release"
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +144,9 @@ def test_round_writes_csv_and_summary_and_grades_fast(graded):
     print(f"round of 9 submissions: {graded['seconds']:.0f} s", graded["summary"]["submissions"])
 
 
-def test_bad_input_is_named(tmp_path):
+def test_bad_input_is_named(tmp_path, capsys):
+    assert grade.main(["--out", str(tmp_path / "o")]) == 2
+    assert "--submissions is required (or --release-only" in capsys.readouterr().err
     with pytest.raises(grade.GradeError, match="--submissions .* is not a folder"):
         grade.grade_round(tmp_path / "nothing", tmp_path / "out")
     (tmp_path / "subs" / "amy").mkdir(parents=True)
