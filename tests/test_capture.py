@@ -109,9 +109,9 @@ def test_shipped_fixture_capture():
     assert ref.manifest["dtype"] == "float32" and ref.manifest["platform"]["backend"] == "cpu"
     assert len([m for m in ref.modules if capture.module_label(m)[1] == "layer"]) == 6
     golden = fixture_paths()["golden"]
-    if capture.weights_digest(golden) != ref.manifest["revision"]:
-        pytest.skip(f"fixture weights are not revision {ref.manifest['revision']}: remake the capture "
-                    "(python -m utils.capture ..., README Lab 04)")
+    assert capture.weights_digest(golden) == ref.manifest["revision"], (
+        f"the shipped capture is of weights revision {ref.manifest['revision']}, not the fixture's: remake it "
+        "(python scripts/make_fixture.py capture; docs/fixture.md)")
     from utils.models import load_model
     rows = capture.compare_captures(ref, capture.capture_like(ref, load_model(golden, "cpu", torch.float32)))
     assert all(r["cosine"] > 0.99999 for r in rows), [r for r in rows if r["cosine"] <= 0.99999][:2]
