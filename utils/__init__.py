@@ -1,7 +1,15 @@
 """quant-lab's shared helpers: the notebooks call these, the tests check them.
 
-Modules: platform (which machine), ceilings (measured TFLOP/s and GB/s), monitor (GPU sampling),
-packages (versions), results (atomic, versioned results.json), runs (run folders), reporting (the
-run report), plots (figures).
+- the machine: platform (which device), packages (versions), ceilings (measured TFLOP/s and GB/s),
+  timing (the one timer), monitor (GPU sampling), gpu_cap (a per-kernel GPU memory cap)
+- runs and reports: results (atomic results.json, JSONL), runs (run folders), reporting (the run
+  report), plots, widgets (the labs' explorers), quiet (library start-up noise kept out of lessons)
+- models: fetch (modelscope or the fixture), models (loading, the GPTQ kernel policy), gptq (the
+  reference unpacker and packer), generation, fixture and gsm_synth (the embedded fixture)
+- evaluation: evaluation (lm-eval's gsm8k), stats (paired tests), anchors (the report's absolute scores)
+- divergence: metrics (similarity, the one error bound), divergence (logit and KL checks), localize
+  (layer by layer), capture (golden captures), lab_inputs (Lab 04's models and questions), sad_path
+- kernels: kernels (the Triton package), numerics (ULPs, accumulators, FP8, MX), int8wo, roofline
+- exercises: exercises (self-checks and grading), formulas (references the exercises need)
 """
 __version__ = "0.1.0"
