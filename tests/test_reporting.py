@@ -26,3 +26,22 @@ def test_format_value():
     assert reporting.format_value(0.5) == "0.5"
     assert reporting.format_value(123456.0) == "1.235e+05"
     assert reporting.format_value([1.0, "a"]) == "1, a"
+
+
+def test_html_report_embeds_its_figures_and_gives_the_times(tmp_path):
+    import base64
+
+    png = b"\x89PNG\r\n\x1a\n" + b"fake image bytes"
+    (tmp_path / "01_env" / "figures").mkdir(parents=True)
+    (tmp_path / "01_env" / "figures" / "ceilings.png").write_bytes(png)
+    results.write_results(tmp_path / "01_env", "01_env", figures=["figures/ceilings.png", "figures/gone.png"])
+    (tmp_path / "run.json").write_text(json.dumps({
+        "profile": "cpu-tiny", "status": "complete", "started": "2026-11-25T10:00:00+00:00",
+        "finished": "2026-11-25T10:07:30+00:00", "labs": [{"lab": "01_env", "status": "complete"}]}))
+    _, html_path = reporting.build_report(tmp_path)
+    page = html_path.read_text()
+    # opened alone (mailed, uploaded as a CI artefact) the page still shows its figures
+    assert f"src='data:image/png;base64,{base64.b64encode(png).decode()}'" in page
+    assert "01_env/figures/ceilings.png" in page                       # still named
+    assert "figure missing: 01_env/figures/gone.png" in page          # said, not a broken image
+    assert "2026-11-25T10:00:00+00:00" in page and "2026-11-25T10:07:30+00:00" in page

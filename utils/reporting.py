@@ -53,6 +53,19 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _html_figure(path: Path, rel: str) -> str:
+    """The figure inlined as a data URI, so report.html shows it when opened alone (no folder beside it)."""
+    import base64
+    import mimetypes
+
+    if not path.is_file():
+        return f"<p><i>figure missing: {html.escape(rel)}</i></p>"
+    mime = mimetypes.guess_type(path.name)[0] or "image/png"
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f"<figure><img src='data:{mime};base64,{data}' alt='{html.escape(rel)}' style='max-width:900px'>"
+            f"<figcaption>{html.escape(rel)}</figcaption></figure>")
+
+
 def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     """Write report.md and report.html into run_dir; return their paths."""
     from .results import atomic_write_text
@@ -65,7 +78,9 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
           f"- started: {manifest.get('started', '?')}; finished: {manifest.get('finished', '-')}"]
     hp = [f"<h1>{html.escape(title)}</h1><ul>",
           f"<li>profile: <code>{html.escape(str(manifest.get('profile', '?')))}</code></li>",
-          f"<li>status: <b>{html.escape(status)}</b></li></ul>"]
+          f"<li>status: <b>{html.escape(status)}</b></li>",
+          f"<li>started: {html.escape(str(manifest.get('started', '?')))}; "
+          f"finished: {html.escape(str(manifest.get('finished', '-')))}</li></ul>"]
     failure = manifest.get("failure")
     if failure:
         msg = (f"FAILED in {failure.get('notebook')} at cell {failure.get('cell')}: "
@@ -91,10 +106,10 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
         for fig in res.get("figures", []):
             rel = f"{lab}/{fig}"
             md += ["", f"![{fig}]({rel})"]
-            hp.append(f"<p><img src='{html.escape(rel)}' style='max-width:900px'></p>")
+            hp.append(_html_figure(run_dir / lab / fig, rel))
     style = ("<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
              "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
-             "th{background:#eee}</style>")
+             "th{background:#eee}figcaption{font-size:80%;color:#555}</style>")
     md_path = atomic_write_text(run_dir / "report.md", "\n".join(md) + "\n")
     html_path = atomic_write_text(run_dir / "report.html",
                                   f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
