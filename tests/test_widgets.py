@@ -51,6 +51,15 @@ def test_bad_group_size_and_bits_name_the_parameter():
         widgets.rtn_quantize(torch.ones(4, 256), 1, 128)
     assert widgets.group_choices(3584) == [32, 64, 128, 256, widgets.PER_ROW]
     assert widgets.group_choices(96) == [32, widgets.PER_ROW]
+    assert widgets.group_choices(256) == [32, 64, 128, widgets.PER_ROW]     # 256 would be the whole row
+
+
+def test_save_static_writes_and_closes(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = widgets.plot_quant_sweep(widgets.quant_sweep(torch.randn(8, 64), bits=(2, 4), group_sizes=(32,)))
+    path = widgets.save_static(fig, tmp_path / "figures" / "x.png")
+    assert open(path, "rb").read(4) == b"\x89PNG" and not plt.fignum_exists(fig.number)
 
 
 def test_read_weight_of_the_fixture_golden_model():

@@ -2,7 +2,7 @@
 
 Each view is a pure function (what a widget shows for given settings: rows, a figure) and a thin
 builder that wires ipywidgets controls to it. The builders render into HTML and Image widgets (no
-Output capture, no waiting), so a cell that builds one returns at once under papermill and nbgrader,
+Output capture, no waiting; each update computes first, then sets table and figure together), so a cell that builds one returns at once under papermill and nbgrader,
 and the lab saves the same view at its default settings as a figure for the report.
 
 - Lab 02 `quant_explorer`: round-to-nearest quantization of a real layer at b bits, group size G
@@ -34,6 +34,18 @@ def png_bytes(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def save_static(fig, path: str | Path) -> str:
+    """A view at its default settings saved where the lab keeps figures (for the report), then closed:
+    the live widget beside it shows the same view, so the notebook does not print it twice."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save
+
+    saved = save(fig, path)
+    plt.close(fig)
+    return saved
 
 
 def html_table(rows: list[dict]) -> str:
@@ -107,8 +119,8 @@ def quant_point(w: torch.Tensor, bits: int, group_size: int) -> dict:
 
 
 def group_choices(in_features: int, sizes=(32, 64, 128, 256)) -> list[int]:
-    """The group sizes that divide in_features, then PER_ROW."""
-    return [g for g in sizes if in_features % g == 0] + [PER_ROW]
+    """The group sizes that divide in_features (and are smaller: a whole row is PER_ROW), then PER_ROW."""
+    return [g for g in sizes if g < in_features and in_features % g == 0] + [PER_ROW]
 
 
 def quant_sweep(w: torch.Tensor, bits=(2, 3, 4, 8), group_sizes=None) -> list[dict]:
@@ -123,15 +135,17 @@ def plot_quant_sweep(rows: list[dict], pick: dict | None = None, gptq: dict | No
     for gs in dict.fromkeys(r["group size"] for r in rows):
         pts = sorted((r for r in rows if r["group size"] == gs), key=lambda r: r["bits"])
         ax.plot([r["bytes/weight"] for r in pts], [r["SQNR dB"] for r in pts], "o-", ms=4, label=f"RTN, group {gs}")
-        for r in pts:
-            ax.annotate(f"{r['bits']}b", (r["bytes/weight"], r["SQNR dB"]), xytext=(3, -9),
-                        textcoords="offset points", fontsize=7)
+    for b in sorted({r["bits"] for r in rows}):            # one label per bit width, beside its leftmost point
+        r = min((r for r in rows if r["bits"] == b), key=lambda r: r["bytes/weight"])
+        ax.annotate(f"{b} bits", (r["bytes/weight"], r["SQNR dB"]), xytext=(-6, 4), textcoords="offset points",
+                    fontsize=7, ha="right")
     if pick:
         ax.scatter([pick["bytes/weight"]], [pick["SQNR dB"]], s=140, facecolors="none", edgecolors="red", lw=2,
                    zorder=4, label=f"picked: {pick['bits']} bits, group {pick['group size']}")
     if gptq:
         ax.scatter([gptq["bytes/weight"]], [gptq["SQNR dB"]], marker="*", s=160, color="black", zorder=5,
                    label=f"GPTQ checkpoint ({gptq['bits']} bits, group {gptq['group size']})")
+    ax.margins(x=0.12)                                     # room for the leftmost label
     ax.set_xlabel("bytes per weight (codes + fp16 scale + zero per group)")
     ax.set_ylabel("SQNR dB (higher is better)")
     ax.set_title(title, fontsize=9)
@@ -154,8 +168,8 @@ def quant_explorer(w: torch.Tensor, name: str, gptq: dict | None = None, bits: i
 
     def show(_=None):
         p = quant_point(w, b_in.value, g_in.value)
-        table.value = html_table([p] + ([gptq] if gptq else []))
-        image.value = png_bytes(plot_quant_sweep(sweep, p, gptq, f"{name} {tuple(w.shape)}"))
+        png = png_bytes(plot_quant_sweep(sweep, p, gptq, f"{name} {tuple(w.shape)}"))
+        table.value, image.value = html_table([p] + ([gptq] if gptq else [])), png
 
     b_in.observe(show, "value")
     g_in.observe(show, "value")
@@ -227,8 +241,8 @@ def layer_picker(rows: list[dict], threshold: float = 0.99):
     table, image = W.HTML(), W.Image(format="png")
 
     def show(_=None):
-        table.value = html_table(module_view(rows, l_in.value, p_in.value, threshold))
-        image.value = png_bytes(plot_module(rows, l_in.value, p_in.value, m_in.value))
+        png = png_bytes(plot_module(rows, l_in.value, p_in.value, m_in.value))
+        table.value, image.value = html_table(module_view(rows, l_in.value, p_in.value, threshold)), png
 
     for c in (l_in, p_in, m_in):
         c.observe(show, "value")
@@ -294,8 +308,8 @@ def tolerance_explorer(pairs: dict, derived: dict, atol: float = 1e-2, rtol: flo
     table, image = W.HTML(), W.Image(format="png")
 
     def show(_=None):
-        table.value = html_table(tolerance_rows(pairs, a_in.value, r_in.value, derived))
-        image.value = png_bytes(plot_tolerance(pairs, a_in.value, r_in.value, derived, title))
+        png = png_bytes(plot_tolerance(pairs, a_in.value, r_in.value, derived, title))
+        table.value, image.value = html_table(tolerance_rows(pairs, a_in.value, r_in.value, derived)), png
 
     a_in.observe(show, "value")
     r_in.observe(show, "value")
