@@ -206,6 +206,9 @@ def default_module(rows: list[dict]) -> tuple[int, str]:
     return worst["layer"], "layer"
 
 
+METRICS = {"sqnr_db": "SQNR dB", "cosine": "cosine similarity", "rel_l2": "normalized L2", "max_abs": "max abs error"}
+
+
 def plot_module(rows: list[dict], layer: int, part: str, metric: str = "sqnr_db"):
     """`metric` over depth for one part, one line per mode, the picked layer marked."""
     import matplotlib.pyplot as plt
@@ -220,9 +223,12 @@ def plot_module(rows: list[dict], layer: int, part: str, metric: str = "sqnr_db"
         if here and not math.isnan(here[0]):
             ax.scatter([layer], here, s=150, facecolors="none", edgecolors="red", lw=2, zorder=4)
     ax.axvline(layer, color="red", lw=0.8, ls=":")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    if metric in ("rel_l2", "max_abs") and any(r[metric] > 0 for r in rows if r["part"] == part):
+        ax.set_yscale("log")
     ax.set_xlabel("decoder layer")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{part}: {metric} over depth; picked layer {layer}", fontsize=9)
+    ax.set_ylabel(METRICS[metric])
+    ax.set_title(f"{part}: {METRICS[metric]} over depth; picked layer {layer}", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -237,7 +243,7 @@ def layer_picker(rows: list[dict], threshold: float = 0.99):
     layer, part = default_module(rows)
     l_in = W.Dropdown(options=layers, value=layer, description="layer")
     p_in = W.Dropdown(options=parts, value=part, description="module")
-    m_in = W.Dropdown(options=["sqnr_db", "cosine", "rel_l2", "max_abs"], value="sqnr_db", description="metric")
+    m_in = W.Dropdown(options=[(v, k) for k, v in METRICS.items()], value="sqnr_db", description="metric")
     table, image = W.HTML(), W.Image(format="png")
 
     def show(_=None):
@@ -273,12 +279,12 @@ def plot_tolerance(pairs: dict, atol: float, rtol: float, derived: dict, title: 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     top = max(float(y.double().abs().max()) for _, y in pairs.values()) * 1.05
     floor = None
-    for label, (x, y) in pairs.items():
+    for i, (label, (x, y)) in enumerate(pairs.items()):
         err = (x.double() - y.double()).abs().flatten()
         mag = y.double().abs().flatten()
         nz = err > 0
         floor = min(floor or math.inf, float(err[nz].min()) if nz.any() else math.inf)
-        ax.scatter(mag[nz][:4000], err[nz][:4000], s=4, alpha=0.5,
+        ax.scatter(mag[nz][:4000], err[nz][:4000], s=6, alpha=0.6, zorder=3 + len(pairs) - i,   # first on top
                    label=f"{label}: {int(nz.sum())} of {err.numel()} differ")
     grid = torch.linspace(0, top, 100)
     ax.plot(grid, atol + rtol * grid, color="red", lw=1.5, label=f"fixed: atol {atol:.0e} + rtol {rtol:.0e} |y|")
