@@ -44,8 +44,10 @@ class CheckError(RuntimeError):
 
 
 def find_chromium(explicit: str | None = None) -> str | None:
-    """The Chromium to drive: --chromium, else $CHROMIUM, else chromium on PATH (Debian: /usr/bin/chromium)."""
-    for cand in (explicit, os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")):
+    """The Chromium to drive: --chromium (that one or none), else $CHROMIUM, else chromium on PATH (Debian:
+    /usr/bin/chromium)."""
+    cands = [explicit] if explicit else [os.environ.get("CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser")]
+    for cand in cands:
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
             return cand
     return None
