@@ -1,7 +1,7 @@
 """A real browser on a lab: JupyterLab served on 127.0.0.1, Lab 02 opened in headless Chromium, the
 bits slider of its quantization explorer moved, and the explorer's output seen to change.
 
-    python -m ci.browser_check                       # screenshots under runs/browser/<timestamp>/
+    python -m ci.browser_check                       # screenshots under runs/browser/<timestamp>-check/
     python -m ci.browser_check --out DIR --chromium /usr/bin/chromium
 
 Needs Debian's Chromium and a CJK font (`apt-get install -y chromium fonts-noto-cjk`) and the
@@ -21,10 +21,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 
-from utils.runs import REPO_ROOT, runs_root
+from utils.runs import REPO_ROOT, new_run_dir, runs_root
 
 LAB = "02_models"
 # the cells the explorer needs, each found by a line of its code (not by position: cells move)
@@ -251,10 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"browser check cannot run: {why}", file=sys.stderr)
         return 2
-    out = args.out or runs_root() / "browser" / datetime.now().strftime("%Y%m%d-%H%M%S")
-    if out.exists() and any(out.iterdir()):
-        print(f"--out {out} is not empty: give a new folder (earlier screenshots are kept)", file=sys.stderr)
+    if args.out and args.out.exists() and any(args.out.iterdir()):
+        print(f"--out {args.out} is not empty: give a new folder (earlier screenshots are kept)", file=sys.stderr)
         return 2
+    out = args.out or new_run_dir("check", root=runs_root() / "browser")
     try:
         seen = run_check(out, chromium)
     except CheckError as exc:

@@ -2,7 +2,8 @@
 
 It runs wherever Chromium is installed (apt-get install -y chromium fonts-noto-cjk) and is skipped only
 where it is not; playwright is in requirements-course.txt, so its absence is a failure, not a skip.
-Screenshots are kept in the test's tmp folder, printed at the end (pytest -s or -rA shows it).
+Screenshots are kept with the run artefacts, in a new folder runs/browser/<timestamp>-pytest/ (under
+$QUANTLAB_RUNS when set), named in the output (pytest -rA shows it) and in a failure's message.
 """
 import pytest
 
@@ -21,10 +22,12 @@ def test_main_names_what_is_missing(tmp_path, capsys):
 
 @pytest.mark.skipif(browser_check.find_chromium() is None,
                     reason="no Chromium here: apt-get install -y chromium fonts-noto-cjk")
-def test_lab02_explorer_changes_when_its_slider_moves(tmp_path):
+def test_lab02_explorer_changes_when_its_slider_moves():
     import playwright  # noqa: F401  - pinned in requirements-course.txt: missing is an error, not a skip
 
-    out = tmp_path / "browser"
+    from utils.runs import new_run_dir, runs_root
+
+    out = new_run_dir("pytest", root=runs_root() / "browser")
     seen = browser_check.run_check(out, browser_check.find_chromium())
     print(f"\nbrowser check screenshots: {out}")
     assert seen["passed"], f"{seen.get('failure')} (screenshots in {out})"
