@@ -43,3 +43,18 @@ def test_plot_layers_says_bit_identical_in_one_line_instead_of_empty_panels():
     text = " ".join(t.get_text() for t in fig.texts + [t for ax in fig.axes for t in ax.texts])
     assert "bit-identical" in text and "4 modules" in text
     assert len(divergence.plot_layers(_rows(1e-3)).axes) == 4          # a real difference is still drawn
+
+
+def test_every_lab_shows_table_text_whole():
+    """pandas cuts cell text at 50 characters by default; the report shows it whole, so must the labs."""
+    from pathlib import Path
+
+    import nbformat
+
+    labs = sorted(Path(__file__).resolve().parents[1].glob("labs/*/*.ipynb"))
+    assert labs
+    for path in labs:
+        nb = nbformat.read(path, as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        setup = next(s for s in code if "import pandas as pd" in s)
+        assert 'pd.set_option("display.max_colwidth", None' in setup, path.name
