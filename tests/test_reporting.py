@@ -64,3 +64,22 @@ def test_report_shows_lab04_logit_check_and_non_finite_verdicts(tmp_path):
                  "top-1 changed at 0 positions", "Rule: the verdict is that of p1"):
         assert text in md, text
     assert "first module with NaN/Inf: model.layers.2.mlp" in page and "top-1 changed %" in page
+
+
+def test_html_report_embeds_its_figures_and_gives_the_times(tmp_path):
+    import base64
+
+    png = b"\x89PNG\r\n\x1a\n" + b"fake image bytes"
+    (tmp_path / "01_env" / "figures").mkdir(parents=True)
+    (tmp_path / "01_env" / "figures" / "ceilings.png").write_bytes(png)
+    results.write_results(tmp_path / "01_env", "01_env", figures=["figures/ceilings.png", "figures/gone.png"])
+    (tmp_path / "run.json").write_text(json.dumps({
+        "profile": "cpu-tiny", "status": "complete", "started": "2026-11-25T10:00:00+00:00",
+        "finished": "2026-11-25T10:07:30+00:00", "labs": [{"lab": "01_env", "status": "complete"}]}))
+    _, html_path = reporting.build_report(tmp_path)
+    page = html_path.read_text()
+    # opened alone (mailed, uploaded as a CI artefact) the page still shows its figures
+    assert f"src='data:image/png;base64,{base64.b64encode(png).decode()}'" in page
+    assert "01_env/figures/ceilings.png" in page                       # still named
+    assert "figure missing: 01_env/figures/gone.png" in page          # said, not a broken image
+    assert "2026-11-25T10:00:00+00:00" in page and "2026-11-25T10:07:30+00:00" in page

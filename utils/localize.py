@@ -211,6 +211,11 @@ def plot_layers(rows: list[dict[str, Any]], title: str = "", threshold: float = 
     point past a line is exactly a module the verdicts count.
     """
     import matplotlib.pyplot as plt
+    if rows and all(r["max_abs"] == 0 for r in rows):    # bit-identical: every panel would be empty
+        fig = plt.figure(figsize=(9, 0.5))
+        fig.text(0.01, 0.5, f"{title}: all {len(rows)} modules bit-identical (cosine 1, error 0, SQNR inf)",
+                 va="center", fontsize=9)
+        return fig
     fig, axes = plt.subplots(2, 2, figsize=(9, 5.5), sharex=True)
     parts = [p for p in ("layer", "self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
              if any(r["part"] == p for r in rows)]

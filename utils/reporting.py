@@ -65,6 +65,19 @@ def _fallback_warnings(labs: list[tuple[str, dict | None, str]]) -> list[str]:
     return out
 
 
+def _html_figure(path: Path, rel: str) -> str:
+    """The figure inlined as a data URI, so report.html shows it when opened alone (no folder beside it)."""
+    import base64
+    import mimetypes
+
+    if not path.is_file():
+        return f"<p><i>figure missing: {html.escape(rel)}</i></p>"
+    mime = mimetypes.guess_type(path.name)[0] or "image/png"
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (f"<figure><img src='data:{mime};base64,{data}' alt='{html.escape(rel)}' style='max-width:900px'>"
+            f"<figcaption>{html.escape(rel)}</figcaption></figure>")
+
+
 def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     """Write report.md and report.html into run_dir; return their paths."""
     from .results import atomic_write_text
@@ -77,7 +90,9 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
           f"- started: {manifest.get('started', '?')}; finished: {manifest.get('finished', '-')}"]
     hp = [f"<h1>{html.escape(title)}</h1><ul>",
           f"<li>profile: <code>{html.escape(str(manifest.get('profile', '?')))}</code></li>",
-          f"<li>status: <b>{html.escape(status)}</b></li></ul>"]
+          f"<li>status: <b>{html.escape(status)}</b></li>",
+          f"<li>started: {html.escape(str(manifest.get('started', '?')))}; "
+          f"finished: {html.escape(str(manifest.get('finished', '-')))}</li></ul>"]
     for warning in _fallback_warnings(labs):   # first lines: the numbers below are not the asked-for models'
         md += ["", f"> **WARNING: {warning}**"]
         hp.append(f"<p style='color:#b00'><b>WARNING: {html.escape(warning)}</b></p>")
@@ -106,10 +121,10 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
         for fig in res.get("figures", []):
             rel = f"{lab}/{fig}"
             md += ["", f"![{fig}]({rel})"]
-            hp.append(f"<p><img src='{html.escape(rel)}' style='max-width:900px'></p>")
+            hp.append(_html_figure(run_dir / lab / fig, rel))
     style = ("<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
              "table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px}"
-             "th{background:#eee}</style>")
+             "th{background:#eee}figcaption{font-size:80%;color:#555}</style>")
     md_path = atomic_write_text(run_dir / "report.md", "\n".join(md) + "\n")
     html_path = atomic_write_text(run_dir / "report.html",
                                   f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"

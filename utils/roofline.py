@@ -43,10 +43,13 @@ def bound(p: dict, peak_tflops: float, bandwidth_gbps: float) -> str:
     return "memory" if p["intensity"] < peak_tflops * 1e3 / bandwidth_gbps else "compute"
 
 
-def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, title: str = ""):
-    """Log-log roofline: the memory line, one ceiling per dtype, the measured points."""
+def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, title: str = "",
+                  notes: dict[str, str] | None = None):
+    """Log-log roofline: the memory line, one ceiling per dtype, the measured points. notes: {kernel: why its
+    point needs a caveat}; such a point is hollow, its label starred, the note written under the axes."""
     import matplotlib.pyplot as plt
 
+    notes = notes or {}
     fig, ax = plt.subplots(figsize=(7, 4.2))
     lo = min([p["intensity"] for p in points] + [0.1]) / 2
     hi = max([p["intensity"] for p in points] + [peak_tflops and max(peak_tflops.values()) * 1e3 / bandwidth_gbps]) * 4
@@ -54,16 +57,38 @@ def plot_roofline(points: list[dict], peak_tflops: dict, bandwidth_gbps: float, 
     for dt, peak in sorted(peak_tflops.items(), key=lambda kv: -kv[1]):
         ax.plot(xs, attainable_tflops(xs, peak, bandwidth_gbps), lw=1, label=f"roof {dt} ({peak:.3g} TFLOP/s)")
     mid = np.sqrt(lo * hi)                       # labels of points right of the middle go to their left,
-    for p in points:                             # so that none runs off the figure
-        ax.scatter(p["intensity"], p["tflops"], zorder=3, color="black", marker="D", s=18)
+    labels = []                                  # so that none runs off the figure
+    for p in points:
+        star = " *" if p["kernel"] in notes else ""
+        ax.scatter(p["intensity"], p["tflops"], zorder=3, color="black", marker="D", s=18,
+                   facecolors="white" if star else "black")
         right = p["intensity"] > mid
-        ax.annotate(p["kernel"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(-4 if right else 4, 4),
-                    textcoords="offset points", ha="right" if right else "left")
+        labels.append(ax.annotate(p["kernel"] + star, (p["intensity"], p["tflops"]), fontsize=7,
+                                  xytext=(-4 if right else 4, 4), textcoords="offset points",
+                                  ha="right" if right else "left"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("TFLOP/s (int8: TOP/s)")
     ax.set_title(title or f"roofline, {bandwidth_gbps:.0f} GB/s")
     ax.legend(fontsize=7, loc="upper left")      # the memory line rises from the lower left
+    if notes:
+        ax.text(0.0, -0.2, "\n".join(f"* {k}: {v}" for k, v in notes.items()), transform=ax.transAxes,
+                fontsize=7, va="top", wrap=True)
     fig.tight_layout()
+    _unstack(fig, sorted(labels, key=lambda a: -a.xy[1]))
     return fig
+
+
+def _unstack(fig, labels: list) -> None:
+    """Move each label down, a line at a time, until it overlaps none placed before it (points of equal
+    intensity, such as the bf16 and int8 GEMMs at n^3 FLOP over 6 n^2 bytes, would print on each other)."""
+    renderer = fig.canvas.get_renderer()
+    placed = []
+    for label in labels:
+        for _ in range(len(labels) * 3):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+            label.set_position((label.xyann[0], label.xyann[1] - 0.8 * label.get_fontsize()))
+        placed.append(label.get_window_extent(renderer))
