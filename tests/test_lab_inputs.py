@@ -22,6 +22,14 @@ def test_resolve_models_reads_lab02_else_fixture_only(tmp_path):
         "gsm8k": {"train": None, "test": "/d/test.jsonl", "source": "local"}})
     got = lab_inputs.resolve_models(str(run), "x", "y")
     assert (got["golden"], got["int4"], got["test"], got["source"]) == ("/m/g", "/m/q", "/d/test.jsonl", "local")
+    assert got["used"] == "golden: local g; int4: local q" and got["fallback"] is False
+    run2 = tmp_path / "run2"        # a fallback recorded by Lab 02 is named in what Lab 04 reports
+    results.write_results(run2 / "02_models", "02_models", data={
+        "models": {"golden": {"path": "/f/g", "id": "tiny-qwen2-gsm/bf16", "source": "fixture", "fallback": True,
+                              "requested": "Qwen/Qwen2.5-7B-Instruct", "note": "fallback: no network"},
+                   "int4": {"path": "/m/q", "id": "q", "source": "local"}}})
+    fell = lab_inputs.resolve_models(str(run2), "x", "y")
+    assert fell["fallback"] is True and "FIXTURE tiny-qwen2-gsm/bf16 instead of Qwen/Qwen2.5-7B-Instruct" in fell["used"]
 
 
 def test_gsm8k_questions(tmp_path):

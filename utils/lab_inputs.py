@@ -9,16 +9,20 @@ from pathlib import Path
 def resolve_models(run_dir: str = "", golden_model: str = "fixture", int4_model: str = "fixture") -> dict:
     """The two model folders and the GSM8K test file: Lab 02's results, else (fixture only) the fixture.
 
-    Returns {"golden", "int4", "test", "source", "note"}. Lab 02 is the one place models are fetched;
-    without its results only the embedded fixture can be used, and the note says so.
+    Returns {"golden", "int4", "test", "source", "note", "used", "fallback"}: `used` names the models
+    actually used (Lab 02's record, a fallback to the fixture first and loud), `fallback` whether any fell
+    back. Lab 02 is the one place models are fetched; without its results only the embedded fixture can
+    be used, and the note says so.
     """
+    from .fetch import fallbacks, models_summary
     from .results import ResultsError
     from .runs import find_lab_results
     try:
         m2 = find_lab_results("02_models", run_dir)["data"]
         return {"golden": m2["models"]["golden"]["path"], "int4": m2["models"]["int4"]["path"],
                 "test": (m2.get("gsm8k") or {}).get("test"), "source": m2["models"]["golden"].get("source", ""),
-                "note": "model paths from Lab 02's results"}
+                "note": "model paths from Lab 02's results", "used": models_summary(m2["models"]),
+                "fallback": bool(fallbacks(m2["models"]))}
     except ResultsError as exc:
         if golden_model != "fixture" or int4_model != "fixture":
             raise ResultsError(f"golden_model={golden_model!r}, int4_model={int4_model!r} need Lab 02 to fetch "
@@ -26,7 +30,8 @@ def resolve_models(run_dir: str = "", golden_model: str = "fixture", int4_model:
         from .fixture import fixture_paths
         p = fixture_paths()
         return {"golden": str(p["golden"]), "int4": str(p["int4"]), "test": str(p["test"]), "source": "fixture",
-                "note": "no Lab 02 results: using the embedded fixture pair directly"}
+                "note": "no Lab 02 results: using the embedded fixture pair directly",
+                "used": "golden: fixture tiny-qwen2-gsm/bf16; int4: fixture tiny-qwen2-gsm/gptq-int4", "fallback": False}
 
 
 def gsm8k_questions(test_path: str | None, limit: int | None, offline: bool = True) -> list[str]:
