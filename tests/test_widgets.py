@@ -94,8 +94,9 @@ def _rows():
                 rows.append({"module": f"model.layers.{layer}" + ("" if part == "layer" else ".mlp"), "layer": layer,
                              "part": part, "mode": mode, "cosine": 1 - 10 ** (-sq / 10), "rel_l2": 10 ** (-sq / 20),
                              "sqnr_db": sq, "max_abs": 10 ** (-sq / 20)})
-        rows.append({"module": "logits", "layer": None, "part": "logits", "mode": mode, "cosine": 0.999,
-                     "rel_l2": 0.01, "sqnr_db": 40.0, "max_abs": 0.1})
+        for name, part in (("model.embed_tokens", "embed"), ("model.norm", "final_norm"), ("logits", "logits")):
+            rows.append({"module": name, "layer": None, "part": part, "mode": mode, "cosine": 0.999,
+                         "rel_l2": 0.01, "sqnr_db": 40.0, "max_abs": 0.1})
     return rows
 
 
@@ -105,8 +106,8 @@ def test_module_view_and_default_pick():
     assert widgets.default_module(rows) == (2, "layer")              # lowest isolated SQNR
     view = widgets.module_view(rows, 2, "layer", threshold=0.99)
     assert [v["mode"] for v in view] == ["propagated", "isolated"]
-    assert view[1]["SQNR dB"] == 25.0 and view[1]["cosine vs threshold"] == "at or above"
-    assert widgets.module_view(rows, 3, "layer", threshold=0.9999)[0]["cosine vs threshold"] == "below"
+    assert view[1]["SQNR dB"] == 25.0 and view[1]["verdict"] == "healthy"
+    assert widgets.module_view(rows, 3, "layer", threshold=0.9999)[0]["verdict"] == "degraded"
     with pytest.raises(ValueError, match="layer=9"):
         widgets.module_view(rows, 9, "layer")
 

@@ -16,6 +16,8 @@ import html
 import io
 import json
 import math
+
+from .localize import module_verdict
 from pathlib import Path
 
 import torch
@@ -179,21 +181,23 @@ def quant_explorer(w: torch.Tensor, name: str, gptq: dict | None = None, bits: i
 
 # ---------------------------------------------------------------- Lab 04: one module of the per-layer rows
 def module_choices(rows: list[dict]) -> tuple[list[int], list[str]]:
-    """The decoder layers and the module parts present in the rows (logits excluded)."""
-    layers = sorted({r["layer"] for r in rows if r["part"] != "logits"})
-    parts = list(dict.fromkeys(r["part"] for r in rows if r["part"] != "logits"))
+    """The decoder layers and the module parts present in the rows (modules outside the decoder layers,
+    the embedding, the final norm and the logits, have no layer and are left out)."""
+    inside = [r for r in rows if r["layer"] is not None]
+    layers = sorted({r["layer"] for r in inside})
+    parts = list(dict.fromkeys(r["part"] for r in inside))
     return layers, parts
 
 
 def module_view(rows: list[dict], layer: int, part: str, threshold: float = 0.99) -> list[dict]:
-    """The picked module's metrics in each mode, with what its cosine says against `threshold`."""
+    """The picked module's metrics in each mode, with the lab's verdict at `threshold` (cosine and L2)."""
     picked = [r for r in rows if r["layer"] == layer and r["part"] == part]
     if not picked:
         layers, parts = module_choices(rows)
         raise ValueError(f"no rows for layer={layer}, part={part!r}: layers {layers}, parts {parts}")
     return [{"mode": r.get("mode", ""), "module": r["module"], "cosine": r["cosine"], "rel L2": r["rel_l2"],
              "SQNR dB": r["sqnr_db"], "max abs": r["max_abs"],
-             "cosine vs threshold": "below" if not r["cosine"] >= threshold else "at or above"} for r in picked]
+             "verdict": module_verdict(r, healthy=threshold)} for r in picked]
 
 
 def default_module(rows: list[dict]) -> tuple[int, str]:
