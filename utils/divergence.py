@@ -22,10 +22,10 @@ COS_CRITICAL = 0.95  # below: critical, suspected SDC (静默数据损坏)
 PERCENTILES = (("max", 100.0), ("99.9%", 99.9), ("99%", 99.0), ("95%", 95.0), ("90%", 90.0),
                ("median", 50.0), ("10%", 10.0), ("5%", 5.0), ("1%", 1.0), ("min", 0.0))
 VERDICT_STATUS = {"healthy": "ok", "degraded": "warn", "critical": "fail", "non-finite": "fail"}
-LOGIT_RULE = (f"the verdict is that of p1, the cosine 99 % of positions reach: >= {COS_HEALTHY} healthy, "
-              f"< {COS_CRITICAL} critical (suspected SDC), degraded between; a worst position below "
-              f"{COS_CRITICAL} makes a healthy p1 read degraded (one position can be SDC); any NaN/Inf "
-              "in the logits reads non-finite")
+LOGIT_RULE = (f"the verdict is that of the mean cosine over all positions (the report's reading, taken at every "
+              f"position): >= {COS_HEALTHY} healthy, < {COS_CRITICAL} critical (suspected SDC), degraded between; "
+              f"a worst position below {COS_CRITICAL} makes a healthy mean read degraded (one position can be "
+              "SDC); worst and p1 carry their own verdicts; any NaN/Inf in the logits reads non-finite")
 
 
 def cosine_verdict(cos: float, healthy: float = COS_HEALTHY, critical: float = COS_CRITICAL) -> str:
@@ -95,7 +95,7 @@ def logit_check(golden, test, healthy: float = COS_HEALTHY, critical: float = CO
         out["worst_at"] = None
     for stat in ("worst", "p1", "mean"):
         out[f"verdict_{stat}"] = cosine_verdict(out[f"cosine_{stat}"], healthy, critical)
-    verdict = out["verdict_p1"]
+    verdict = out["verdict_mean"]
     if verdict == "healthy" and out["verdict_worst"] == "critical":
         verdict = "degraded"
     out["verdict"] = "non-finite" if out["nonfinite"] else verdict
