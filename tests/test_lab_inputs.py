@@ -13,6 +13,7 @@ def test_resolve_models_reads_lab02_else_fixture_only(tmp_path):
     empty.mkdir()
     fb = lab_inputs.resolve_models(str(empty), "fixture", "fixture")
     assert fb["source"] == "fixture" and fb["golden"].endswith("bf16") and "no Lab 02" in fb["note"]
+    assert fb["used"] == "golden: fixture tiny-qwen2-gsm/bf16; int4: fixture tiny-qwen2-gsm/gptq-int4" and not fb["fallback"]
     with pytest.raises(results.ResultsError, match="Lab 02"):
         lab_inputs.resolve_models(str(empty), "Qwen/Qwen2.5-7B-Instruct", "fixture")
     run = tmp_path / "run1"

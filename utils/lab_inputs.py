@@ -27,11 +27,13 @@ def resolve_models(run_dir: str = "", golden_model: str = "fixture", int4_model:
         if golden_model != "fixture" or int4_model != "fixture":
             raise ResultsError(f"golden_model={golden_model!r}, int4_model={int4_model!r} need Lab 02 to fetch "
                                f"them first ({exc})") from exc
+        from .fetch import resolve_model
         from .fixture import fixture_paths
-        p = fixture_paths()
-        return {"golden": str(p["golden"]), "int4": str(p["int4"]), "test": str(p["test"]), "source": "fixture",
+        models = {role: resolve_model("fixture", role, offline=True) for role in ("golden", "int4")}
+        return {"golden": models["golden"]["path"], "int4": models["int4"]["path"],
+                "test": str(fixture_paths()["test"]), "source": "fixture",
                 "note": "no Lab 02 results: using the embedded fixture pair directly",
-                "used": "golden: fixture tiny-qwen2-gsm/bf16; int4: fixture tiny-qwen2-gsm/gptq-int4", "fallback": False}
+                "used": models_summary(models), "fallback": False}
 
 
 def gsm8k_questions(test_path: str | None, limit: int | None, offline: bool = True) -> list[str]:
