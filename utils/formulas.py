@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .numerics import mx_cast
+from .roofline import gemm_bytes
 
 
 def ridge_point(peak_tflops: float, bandwidth_gbps: float) -> float:
@@ -23,7 +24,7 @@ def gemm_intensity(m: int, n: int, k: int, bytes_per_element: float) -> float:
     """FLOP per byte of C[m, n] = A[m, k] B[k, n]: 2mnk FLOPs over A and B read once and C written once."""
     if min(m, n, k) < 1 or bytes_per_element <= 0:
         raise ValueError(f"m, n, k must be >= 1 and bytes_per_element > 0, got {m}, {n}, {k}, {bytes_per_element}")
-    return 2 * m * n * k / (bytes_per_element * (m * k + k * n + m * n))
+    return 2 * m * n * k / gemm_bytes(m, n, k, bytes_per_element, bytes_per_element, bytes_per_element)
 
 
 def gptq_bytes_per_parameter(bits: int = 4, group_size: int = 128, scale_bytes: int = 2) -> float:
