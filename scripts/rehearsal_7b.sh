@@ -12,10 +12,11 @@
 # part2 resumes part1's run (ci.run --resume RUN --from the first lab without results): the one still on a
 # warm machine, else the carried .rehearsal/run.tar.gz, and then it rebuilds the pair first (same seed).
 #   bash scripts/rehearsal_7b.sh all      # everything in one go (a machine with no 10-minute limit)
+#   BENCH_SETTINGS="..." bash scripts/rehearsal_7b.sh bench   # Lab 03's settings side by side (bench/bench_lab03.md)
 # Back under $OUT: summary.md / summary.json (per lab: seconds, GPU peaks, host peaks; Lab 03 extrapolated
 # to 1,319 problems), run.tar.gz (the run folder, peaks, logs; no weights), chain.log, build.log.
 set -uo pipefail
-part=${1:?usage: rehearsal_7b.sh part1|part2|all}
+part=${1:?usage: rehearsal_7b.sh part1|part2|all|bench}
 T0=$(date +%s)
 BUDGET_S=${REHEARSAL_BUDGET_S:-565}        # the whole script, inside the tool's 600 s
 W=/tmp/quantlab-rehearsal
@@ -106,9 +107,16 @@ EOF
           say "resuming $run1 from $from"; chain --profile "$prof" --resume "$run1" --from "$from" || status=$?; fi
       fi ;;
     all) chain --profile "$prof" || status=$? ;;
-    *) say "unknown part $part: part1, part2 or all"; status=2 ;;
+    bench)   # Lab 03's generation settings side by side (scripts/bench_lab03.py), no chain
+      say "Lab 03 settings: ${BENCH_SETTINGS:=golden:eager:16 golden:compiled:16 int4:eager:16:gptq_triton int4:compiled:16:gptq_triton}"
+      # shellcheck disable=SC2086
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 15 --signal=INT $(( $(left) - 30 )) \
+        python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
+        --limit "${BENCH_LIMIT:-32}" --out "$OUT/bench" --settings $BENCH_SETTINGS 2>&1 | tee "$OUT/bench.log" |
+        grep -v -i -e warn -e "^ *$" | tail -40 || status=$? ;;
+    *) say "unknown part $part: part1, part2, all or bench"; status=2 ;;
   esac
-  if [ "$part" != part1 ] && [ "$(left)" -gt 75 ]; then
+  if [ "$part" = part2 ] || [ "$part" = all ] && [ "$(left)" -gt 75 ]; then
     say "lm-eval's automatic batch size at 7B under the cap"
     timeout -k 5 $(( $(left) - 45 )) python3 scripts/probe_auto_batch.py "$W/models/bf16" --cap-gib 24 \
       --out "$W/logs/auto_batch.json" 2>&1 | grep -v -e Warning -e warn | tail -8
@@ -118,10 +126,12 @@ else
 fi
 stop_monitors
 
-say "summary"
-latest=$(ls -dt "$W"/runs/*-rehearsal-7b 2>/dev/null | head -1)
-cp "$W/models/build.json" "$W/logs/build.json" 2>/dev/null
-python3 scripts/rehearsal_summary.py --run "${latest:-$W/runs/none}" --work "$W" --out "$OUT" || say "summary failed"
+if [ "$part" != bench ]; then
+  say "summary"
+  latest=$(ls -dt "$W"/runs/*-rehearsal-7b 2>/dev/null | head -1)
+  cp "$W/models/build.json" "$W/logs/build.json" 2>/dev/null
+  python3 scripts/rehearsal_summary.py --run "${latest:-$W/runs/none}" --work "$W" --out "$OUT" || say "summary failed"
+fi
 # the run folder, peaks and logs, without the model weights (those stay under $W/models)
 tar -czf "$OUT/run.tar.gz" --exclude='*/captures/*' --exclude='*.safetensors' -C "$W" runs peaks logs gsm8k/SOURCE 2>/dev/null
 cp "$W/logs/chain.log" "$W/logs/build.log" "$OUT/" 2>/dev/null

@@ -13,7 +13,10 @@ import csv
 import json
 import math
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GSM8K_TEST = 1319
 RTX4090_GBPS = 1008e9        # RTX 4090 memory bandwidth (NVIDIA spec: 21 Gbps GDDR6X, 384-bit)
@@ -62,23 +65,28 @@ def window_peak(rows, window, scale: float) -> float | None:
 
 
 def lab03_extrapolation(res: dict, build: dict) -> list[dict]:
+    """Per model: the measured subset, and all 1,319 problems extrapolated from its generate calls
+    (utils.decode.extrapolate_seconds: steady per-call cost, plus the first call's warm-up or compile)."""
+    from utils.decode import extrapolate_seconds
+
     rows = []
     for name, m in (res.get("data", {}).get("per_model") or {}).items():
         tp, s = m["throughput"], m["settings"]
-        n, secs = tp["problems"], tp["seconds"]
+        n, secs, dec = tp["problems"], tp["seconds"], s.get("decode") or {}
         bs = s["batch_size"] if isinstance(s["batch_size"], int) else (s.get("batch_sizes") or [1])[0] or 1
-        steps = math.ceil(n / bs) * s["max_gen_toks"]           # random weights never stop early: the worst case
-        step_ms = 1000 * secs / steps if steps else None
+        step_ms = dec.get("steady_ms_per_step")
+        full = extrapolate_seconds(dec, bs, s["max_gen_toks"], GSM8K_TEST)
         weights = build.get("bf16" if name == "golden" else "int4", {}).get("bytes")
         floor_ms = 1000 * weights / RTX4090_GBPS if weights else None
-        full_steps = math.ceil(GSM8K_TEST / bs) * s["max_gen_toks"]
+        full_steps = math.ceil(GSM8K_TEST / bs) * s["max_gen_toks"]      # random weights never stop early
+        extra = full - step_ms / 1000 * full_steps if full is not None and step_ms else 0.0
         rows.append({"model": name, "problems": n, "batch_size": bs, "gptq_backend": s.get("gptq_backend"),
-                     "gptq_kernels": s.get("gptq_kernels"), "seconds": round(secs, 1),
-                     "problems_per_s": tp["problems_per_s"], "tokens_per_s": tp["tokens_per_s"],
-                     "ms_per_step": step_ms, "prompt_tokens": s.get("prompt_tokens"),
-                     "extrapolated_1319_min": secs / n * GSM8K_TEST / 60 if n else None,
+                     "gptq_kernels": s.get("gptq_kernels"), "decode": dec.get("decode"), "seconds": round(secs, 1),
+                     "first_call_s": dec.get("first_call_s"), "problems_per_s": tp["problems_per_s"],
+                     "tokens_per_s": tp["tokens_per_s"], "ms_per_step": step_ms, "prompt_tokens": s.get("prompt_tokens"),
+                     "extrapolated_1319_min": full / 60 if full is not None else None,
                      "rtx4090_step_floor_ms": floor_ms,
-                     "rtx4090_estimate_1319_min": (max(step_ms, floor_ms) * full_steps / 60000
+                     "rtx4090_estimate_1319_min": ((max(step_ms, floor_ms) * full_steps / 1000 + extra) / 60
                                                    if step_ms and floor_ms else None)})
     return rows
 
@@ -147,17 +155,18 @@ def markdown(s: dict) -> str:
         f = s["failure"]
         lines += ["", f"Failure: {f.get('lab')} cell {f.get('cell')}: {f.get('ename')}: {str(f.get('evalue'))[:400]}"]
     if s.get("lab03"):
-        lines += ["", "Lab 03 (measured on the subset; the 1,319 figure is an EXTRAPOLATION from that throughput; random "
-                  "weights generate all max_gen_toks tokens, the worst case):", "",
-                  "| model | GPTQ kernel | problems | batch | seconds | problems/s | tokens/s | ms/step | 1,319 problems (min, extrapolated) | RTX 4090 estimate (min) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "Lab 03 (measured on the subset; the 1,319 figure is an EXTRAPOLATION from its generate calls; "
+                  "random weights generate all max_gen_toks tokens, the worst case):", "",
+                  "| model | GPTQ kernel | decode | problems | batch | seconds | first call s | problems/s | tokens/s "
+                  "| steady ms/step | 1,319 problems (min, extrapolated) | RTX 4090 estimate (min) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in s["lab03"]:
             kern = f"{r['gptq_backend']} ({', '.join(r['gptq_kernels'] or [])})" if r["gptq_backend"] else "-"
-            lines.append(f"| {r['model']} | {kern} | {r['problems']} | {r['batch_size']} | {_f(r['seconds'])} | "
-                         f"{_f(r['problems_per_s'], 2)} | {_f(r['tokens_per_s'])} | {_f(r['ms_per_step'])} | "
+            lines.append(f"| {r['model']} | {kern} | {r['decode'] or '-'} | {r['problems']} | {r['batch_size']} | "
+                         f"{_f(r['seconds'])} | {_f(r['first_call_s'])} | {_f(r['problems_per_s'], 2)} | {_f(r['tokens_per_s'])} | {_f(r['ms_per_step'])} | "
                          f"{_f(r['extrapolated_1319_min'])} | {_f(r['rtx4090_estimate_1319_min'])} |")
-        lines += ["", "RTX 4090 estimate: max(measured ms/step, weight bytes / 1008 GB/s) x the 1,319 problems' steps "
-                  "(the step is host-bound here; a 4090 host may be faster or slower)."]
+        lines += ["", "RTX 4090 estimate: max(measured steady ms/step, weight bytes / 1008 GB/s) x the 1,319 problems' "
+                  "steps, plus the same first-call cost (the step is host-bound here; a 4090 host may be faster or slower)."]
     if s.get("auto_batch"):
         lines += ["", "lm-eval batch_size=auto at 7B under the cap: " + "; ".join(
             f"max_length {r['max_length']}: {r['batch_size']} ({_f(r['seconds'])} s)" for r in s["auto_batch"]["probes"])]

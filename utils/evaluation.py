@@ -11,12 +11,12 @@ throughput (problems/s, generated tokens/s of the generation phase).
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .decode import TimedGeneration, prepare_decode
 from .gsm_synth import read_gsm8k
 from .models import is_gptq
 
@@ -204,23 +204,6 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
                              f"({type(exc).__name__}: {exc})") from exc
 
 
-class _TimedGeneration:
-    """Wrap lm.generate_until to time the generation phase and count the tokens it kept."""
-
-    def __init__(self, lm):
-        self.lm, self.orig = lm, lm.generate_until
-        self.seconds, self.requests, self.tokens = 0.0, 0, 0
-
-    def __call__(self, requests, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = self.orig(requests, *args, **kwargs)
-        self.seconds += time.perf_counter() - t0
-        self.requests += len(requests)
-        tok = self.lm.tokenizer
-        self.tokens += sum(len(tok.encode(text, add_special_tokens=False)) for text in out)
-        return out
-
-
 def _per_problem(samples: list[dict]) -> list[dict]:
     """One row per problem from lm-eval's per-sample log (it has one record per problem and filter)."""
     rows: dict[int, dict] = {}
@@ -238,8 +221,11 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
               apply_chat_template: bool = False, fewshot_as_multiturn: bool = False, limit: int | None = None,
               seed: int = 1234, max_gen_toks: int = 256, dtype: str = "auto", parallelize: bool = False,
               tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_length: int | None = None,
-              max_batch_size: int | None = 64, gptq_backend: str = "auto", param: str = "model") -> dict:
+              max_batch_size: int | None = 64, gptq_backend: str = "auto", decode: str = "eager",
+              param: str = "model") -> dict:
     """Evaluate one model on GSM8K with lm-eval; keep lm-eval's outputs under out_dir/lm_eval/<label>/.
+
+    decode: how the hf model's generate loop runs (utils.decode: "eager", or "compiled" on a GPU).
 
     data_files None: the hub dataset through the built-in task (needs internet). Returns
     {"label", "model_path", "task", "accuracy": {filter: {"acc", "stderr"}}, "n", "problems",
@@ -262,12 +248,18 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
         tm = task_manager(write_local_task(files, out_dir / "task").parent)
     else:
         task, tm = BUILTIN_TASK, task_manager()
+    if backend != "hf" and decode != "eager":
+        raise EvalInputError(f"decode: {decode!r} applies to the hf backend only; backend {backend!r} runs its own loop")
     kernel = gptq_backend if is_gptq(model_path) else None
     lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
                  parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
                  data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks, max_length=max_length,
                  max_batch_size=max_batch_size, gptq_backend=kernel)
-    timer = _TimedGeneration(lm)
+    try:
+        recorder = prepare_decode(lm, decode) if backend == "hf" else None
+    except ValueError as exc:
+        raise EvalInputError(str(exc)) from exc
+    timer = TimedGeneration(lm)
     lm.generate_until = timer
     tracker = EvaluationTracker(output_path=str(out_dir))
     margs = {"pretrained": str(model_path), "backend": backend, "max_length": max_length,
@@ -306,6 +298,7 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
                          "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
                          "limit": limit, "seed": seed, "max_gen_toks": max_gen_toks, "max_length": max_length,
                          "max_batch_size": max_batch_size, "prompt_tokens": prompts, "gptq_backend": kernel,
+                         "decode": recorder.summary() if recorder else {"decode": backend},
                          "gptq_kernels": _kernel_classes(lm),
                          "dtype": resolve_dtype(model_path, device, dtype),
                          "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
