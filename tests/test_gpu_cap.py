@@ -1,6 +1,7 @@
 """The GPU memory cap of a rehearsal: applied in every kernel the chain starts, a no-op without a GPU,
 and each kernel's peaks written where the profile says."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -67,3 +68,21 @@ def test_every_kernel_the_chain_starts_runs_the_hook(tmp_path):
         import torch
         if not torch.cuda.is_available():
             assert rec["cap"]["applied"] is False and rec["gpu_peak_allocated_gib"] is None
+
+
+def test_a_kernel_killed_at_shutdown_still_leaves_its_record(tmp_path):
+    """A kernel the notebook runner kills (no atexit) keeps the record written while it ran."""
+    import os
+    import subprocess
+    import sys
+
+    lab = tmp_path / "03_x"
+    lab.mkdir()
+    code = ("import os, time\nfrom utils.gpu_cap import kernel_hook\nkernel_hook(interval_s=0.2)\n"
+            "time.sleep(1.2)\nos._exit(0)\n")                       # os._exit: no atexit, as a SIGKILL
+    env = {**os.environ, gpu_cap.CAP_ENV: "24", gpu_cap.PEAKS_ENV: str(tmp_path / "peaks"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", code], cwd=lab, env=env, check=True, timeout=60)
+    rec = json.loads((tmp_path / "peaks" / "03_x.json").read_text())
+    assert rec["label"] == "03_x" and rec["cap"]["cap_gib"] == 24.0
+    assert rec["kernel_seconds"] >= 0.6                            # refreshed while it ran, not only at start

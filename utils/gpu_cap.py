@@ -5,7 +5,9 @@ torch.cuda.set_per_process_memory_fraction makes torch's caching allocator raise
 the cap, as the smaller card would (the CUDA context itself, ~0.5 GiB, is outside the cap and outside
 torch's counters). The chain's kernels pick it up at start through ci/kernel_hooks/sitecustomize.py
 when $QUANTLAB_GPU_MEMORY_GIB is set (a profile's `env`); on a machine without a GPU it does nothing.
-At the kernel's exit the peaks go to $QUANTLAB_PEAKS_DIR/<lab>.json.
+The peaks go to $QUANTLAB_PEAKS_DIR/<lab>.json at the kernel's start (the cap record), every few seconds
+while it runs, and at its exit: a kernel that the notebook runner has to kill at shutdown (a model loader's
+threads, compile workers) still leaves its record, at most one interval old.
 """
 from __future__ import annotations
 
@@ -53,7 +55,9 @@ def peaks(torch_module=None) -> dict:
     if torch is None:
         import sys
         torch = sys.modules.get("torch")       # a kernel that never imported torch used no GPU
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    # is_initialized() first: a flag, no CUDA call (this also runs on a background thread, and a CUDA call
+    # there could break a CUDA graph being captured on the main one)
+    if torch is not None and torch.cuda.is_initialized():
         out["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
         out["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
     else:
@@ -73,16 +77,27 @@ def write_peaks(folder: str | Path, label: str, cap: dict, started: float) -> Pa
     return path
 
 
-def kernel_hook() -> dict | None:
-    """Called at a lab kernel's start (sitecustomize): cap from the environment, peaks written at exit.
-    The label is the kernel's working folder, which the chain sets to the lab's folder (e.g. 03_eval)."""
+def kernel_hook(interval_s: float = 2.0) -> dict | None:
+    """Called at a lab kernel's start (sitecustomize): cap from the environment; peaks written now, every
+    interval_s seconds on a daemon thread, and at exit. The label is the kernel's working folder, which
+    the chain sets to the lab's folder (e.g. 03_eval)."""
     if not (os.environ.get(CAP_ENV) or os.environ.get(PEAKS_ENV)):
         return None
     import atexit
+    import threading
 
     started = time.time()
     cap = apply_cap()
     folder = os.environ.get(PEAKS_ENV)
     if folder:
-        atexit.register(write_peaks, folder, Path.cwd().name, cap, started)
+        label = Path.cwd().name
+        write_peaks(folder, label, cap, started)
+
+        def refresh():
+            while True:
+                time.sleep(interval_s)
+                write_peaks(folder, label, cap, started)
+
+        threading.Thread(target=refresh, name="quantlab-peaks", daemon=True).start()
+        atexit.register(write_peaks, folder, label, cap, started)
     return cap
