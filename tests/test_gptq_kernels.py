@@ -66,3 +66,36 @@ def test_unknown_backend_names_the_parameter():
         gptq_kernels.compare_kernels(_layer(), "cpu", backends=["gptq_torch", "gptq_warp_drive"])
     with pytest.raises(ValueError, match="backend='gptq_warp_drive'"):
         gptq_kernels.build_kernel("gptq_warp_drive", _layer(), "cpu")
+
+
+def test_no_cuda_extension_is_compiled_unless_asked():
+    """GPTQModel compiles a missing CUDA extension on first use (minutes of nvcc): the comparison refuses
+    that compile by default, through the one function GPTQModel compiles with."""
+    import torch.utils.cpp_extension
+    from gptqmodel.utils import cpp
+
+    assert cpp.load is torch.utils.cpp_extension.load
+    with gptq_kernels.compiling(False):
+        with pytest.raises(RuntimeError, match="compile_extensions=True"):
+            cpp.load(name="gptqmodel_marlin_fp16_ops", sources=[])
+    assert cpp.load is torch.utils.cpp_extension.load
+    with gptq_kernels.compiling(True):
+        assert cpp.load is torch.utils.cpp_extension.load
+
+
+def test_gptqmodels_own_extension_loader_is_refused_its_compile(tmp_path):
+    """End to end through GPTQModel's extension loader, on a CPU extension and an empty build folder (in a
+    subprocess: GPTQModel remembers a failed build for the rest of the process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from utils import gptq_kernels\nfrom gptqmodel import extension\n"
+            "with gptq_kernels.compiling(False):\n    ok = extension.is_available('floatx_cpu')\n"
+            "print('AVAILABLE', ok)\nprint('ERROR', extension.error('floatx_cpu'))\n")
+    env = {**os.environ, "GPTQMODEL_TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "AVAILABLE False" in out.stdout, out.stdout + out.stderr
+    assert "compile_extensions=True" in out.stdout
+    assert not any(p.suffix == ".so" for p in tmp_path.rglob("*"))

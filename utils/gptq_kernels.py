@@ -9,7 +9,9 @@ each class's own validate), so a kernel that cannot run shows the library's reas
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+from unittest import mock
 
 import torch
 
@@ -49,19 +51,35 @@ def _shapes(tensors: dict, bits: int) -> tuple[int, int]:
     return qweight.shape[0] * (32 // bits), qweight.shape[1]
 
 
+@contextlib.contextmanager
+def compiling(allowed: bool):
+    """GPTQModel compiles a CUDA extension it lacks (Marlin, ExLlama v2, ...) with nvcc on first use:
+    minutes each (its own reference timings: 35 s to 3 min on a large host). Unless `allowed`, that
+    compile is refused: GPTQModel then reports the kernel unavailable with this reason, and keeps it so
+    for the rest of the process (restart to compile). An extension already built loads as usual."""
+    if allowed:
+        yield
+        return
+    from gptqmodel.utils import cpp
+
+    def refuse(**kwargs):
+        raise RuntimeError(f"{kwargs.get('name', 'this extension')} is not built here and is not compiled now "
+                           "(nvcc, minutes): compile_extensions=True compiles it")
+
+    with mock.patch.object(cpp, "load", refuse):   # the one call through which GPTQModel compiles
+        yield
+
+
 def build_kernel(backend: str, tensors: dict, device, dtype: torch.dtype | None = None, bits: int = 4,
-                 group_size: int = 128, sym: bool = True, desc_act: bool = False):
+                 group_size: int = 128, sym: bool = True, desc_act: bool = False, compile_extensions: bool = False):
     """A GPTQModel QuantLinear of `backend` holding one layer's checkpoint tensors (`utils.gptq.read_layer`:
     qweight, qzeros, scales, g_idx, v1 `gptq` format), ready to call, as a model load makes it: the class
     validates the config and device, is built, gets the tensors, converts v1 zeros to v2 with GPTQModel's
     own function when it declares REQUIRES_FORMAT_V2, then GPTQModel's post-init (repacking, scratch
-    space). torch.compile of the torch kernel is skipped (same code, eager), as in gptq.gptqmodel_reference.
+    space). torch.compile of the torch kernel is skipped (same code, eager), as in gptq.gptqmodel_reference;
+    a missing CUDA extension is compiled only with compile_extensions (see `compiling`).
     Raises KernelUnavailable with the library's reason when it cannot be built here."""
-    from gptqmodel.nn_modules.qlinear import GPTQQuantLinear
-    from gptqmodel.quantization import FORMAT
-    from gptqmodel.utils.backend import BACKEND
     from gptqmodel.utils.importer import validate_quant_linear
-    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module, gptqmodel_post_init
 
     classes = kernel_classes(bits, sym)
     if backend not in classes:
@@ -70,11 +88,22 @@ def build_kernel(backend: str, tensors: dict, device, dtype: torch.dtype | None 
     cls, device = classes[backend], torch.device(device)
     dtype = dtype or tensors["scales"].dtype
     n_in, n_out = _shapes(tensors, bits)
-    ok, err = validate_quant_linear(cls, bits=bits, group_size=group_size, desc_act=desc_act, sym=sym,
-                                    pack_dtype=torch.int32, dtype=dtype, in_features=n_in, out_features=n_out,
-                                    device=device)
-    if not ok:
-        raise KernelUnavailable(backend, str(err) or type(err).__name__)
+    with compiling(compile_extensions):
+        ok, err = validate_quant_linear(cls, bits=bits, group_size=group_size, desc_act=desc_act, sym=sym,
+                                        pack_dtype=torch.int32, dtype=dtype, in_features=n_in, out_features=n_out,
+                                        device=device)
+        if not ok:
+            raise KernelUnavailable(backend, str(err) or type(err).__name__)
+        return _built(backend, cls, tensors, device, dtype, bits, group_size, sym, desc_act, n_in, n_out)
+
+
+def _built(backend, cls, tensors, device, dtype, bits, group_size, sym, desc_act, n_in, n_out):
+    """The class built and loaded as a model load does (build_kernel, after the class's validate)."""
+    from gptqmodel.nn_modules.qlinear import GPTQQuantLinear
+    from gptqmodel.quantization import FORMAT
+    from gptqmodel.utils.backend import BACKEND
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module, gptqmodel_post_init
+
     try:
         extra = {"format": FORMAT.GPTQ} if issubclass(cls, GPTQQuantLinear) else {}
         mod = cls(bits=bits, group_size=group_size, desc_act=desc_act, sym=sym, in_features=n_in,
@@ -89,13 +118,14 @@ def build_kernel(backend: str, tensors: dict, device, dtype: torch.dtype | None 
         if getattr(cls, "REQUIRES_FORMAT_V2", False):
             convert_gptq_v1_to_v2_format_module(mod, bits=bits, pack_dtype=torch.int32)
         mod.optimized = True                        # no torch.compile: eager, as gptqmodel_reference
-        holder = torch.nn.Module()                  # GPTQModel's post-init walks a model (ExLlama's scratch)
+        holder = torch.nn.Module()       # GPTQModel's post-init walks a model (it allocates ExLlama's scratch)
         holder.layer = mod
         gptqmodel_post_init(holder, use_act_order=desc_act)
+        # ExLlama's kernel keeps a raw pointer into that scratch: it lives as long as the layer does
+        mod.post_init_scratch = getattr(holder, "device_tensors", None)
     except Exception as exc:  # noqa: BLE001 - the library's own refusal (a missing extension, ...)
         raise KernelUnavailable(backend, f"{type(exc).__name__}: {exc}") from exc
-    holder.eval()
-    return holder
+    return mod.eval()
 
 
 def _row(backend, kernel, call, x, ref, device, repeats) -> dict:
@@ -105,14 +135,14 @@ def _row(backend, kernel, call, x, ref, device, repeats) -> dict:
         rel = relative_l2(out, ref)
         tol = gptq.output_tolerance(kernel, out.dtype, x.dtype, x.shape[-1])
         us = statistics.median(time_op(lambda: call(x), device, warmup=3, repeats=repeats)) * 1e6
-    return {"backend": backend, "kernel": kernel, "runs": True, "reason": None, "rel_l2": rel, "tolerance": tol,
-            "ok": bool(rel <= tol), "us_per_call": us}
+    return {"backend": backend, "kernel": kernel, "runs": True, "ok": bool(rel <= tol), "rel_l2": rel,
+            "tolerance": tol, "us_per_call": us, "reason": None}
 
 
 def _absent(backend, kernel, reason) -> dict:
     reason = " ".join(str(reason).split())
-    return {"backend": backend, "kernel": kernel, "runs": False, "reason": reason[:240], "rel_l2": None,
-            "tolerance": None, "ok": None, "us_per_call": None}
+    return {"backend": backend, "kernel": kernel, "runs": False, "ok": None, "rel_l2": None, "tolerance": None,
+            "us_per_call": None, "reason": reason[:240]}
 
 
 def _gemv_row(tensors, x, ref, device, group_size, repeats) -> dict:
@@ -139,12 +169,13 @@ def _gemv_row(tensors, x, ref, device, group_size, repeats) -> dict:
 
 def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | None = None, batch: int = 1,
                     repeats: int = 20, bits: int = 4, group_size: int = 128, sym: bool = True,
-                    desc_act: bool = False, seed: int = 0) -> list[dict]:
+                    desc_act: bool = False, seed: int = 0, compile_extensions: bool = False) -> list[dict]:
     """One row per GPTQ kernel (all of kernel_classes() when backends is None, plus the project's int4_gemv):
     backend, kernel class, runs, reason (why not, in the library's words), rel_l2 of its output on random
     activations [batch, in] in `dtype` (default the scales') against float64 x @ W.T with W from
     utils.gptq.dequantize, the derived tolerance, ok (rel_l2 <= tolerance; False is a finding, not an
-    error) and us_per_call (median of `repeats` timed calls). Rows that cannot run are kept, with why."""
+    error) and us_per_call (median of `repeats` timed calls). Rows that cannot run are kept, with why.
+    compile_extensions: let GPTQModel compile the CUDA extensions it lacks (minutes each; see `compiling`)."""
     classes = kernel_classes(bits, sym)
     names = list(classes) if backends is None else list(backends)
     unknown = [b for b in names if b not in classes]
@@ -165,12 +196,13 @@ def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | N
     rows = []
     for name in names:
         try:
-            mod = build_kernel(name, tensors, device, dtype, bits, group_size, sym, desc_act)
+            mod = build_kernel(name, tensors, device, dtype, bits, group_size, sym, desc_act, compile_extensions)
         except KernelUnavailable as exc:
             rows.append(_absent(name, classes[name].__name__, exc.reason))
             continue
         try:
-            rows.append(_row(name, classes[name].__name__, mod.layer, x, ref, device, repeats))
+            with compiling(compile_extensions):     # a kernel may load its extension on the first call
+                rows.append(_row(name, classes[name].__name__, mod, x, ref, device, repeats))
         except Exception as exc:  # noqa: BLE001 - built but its forward fails here: kept with the reason
             rows.append(_absent(name, classes[name].__name__, f"forward: {type(exc).__name__}: {exc}"))
     if backends is None:
