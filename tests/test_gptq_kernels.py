@@ -36,6 +36,10 @@ def test_torch_kernels_run_and_agree_and_leave_the_tensors_alone():
     assert torch_row["kernel"] == "TorchLinear"
     assert torch_row["tolerance"] == gptq.output_tolerance("TorchLinear", torch.float16, torch.float16, 256)
     assert all(torch.equal(t[k], before[k]) for k in t)
+    # a layer with a bias (Qwen2's q, k, v projections): the kernel adds it, and so does the reference
+    biased = {**t, "bias": torch.randn(64, generator=torch.Generator().manual_seed(1)).half()}
+    (r,) = gptq_kernels.compare_kernels(biased, "cpu", backends=["gptq_torch"], repeats=2)
+    assert r["ok"] and r["rel_l2"] <= r["tolerance"], r
 
 
 def test_kernels_that_cannot_run_here_are_rows_with_the_librarys_reason():

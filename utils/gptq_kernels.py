@@ -1,11 +1,10 @@
 """Every GPTQ kernel of GPTQModel on one layer's checkpoint tensors, side by side: which run here, how
 far each output is from the float64 product on the reference weight, and what a decode call costs.
 
-Why: the kernel is part of the device under test. The same Int4 checkpoint is computed by a different
-kernel on an RTX 4090 (Marlin), an H100 (Machete, Marlin), a ROCm box (Triton, torch) or a laptop CPU
-(ATen int4), and a student should see which one ran and how it compares, not take it on faith.
-The list of kernels and whether each can run here come from GPTQModel itself (its backend table and
-each class's own validate), so a kernel that cannot run shows the library's reason, not ours.
+Why: the kernel is part of the device under test. The same Int4 checkpoint runs through Marlin on an
+RTX 4090, Triton or torch on a ROCm box, ATen int4 on a laptop CPU: a student should see which one ran
+and how it compares. The kernels and whether each runs here come from GPTQModel itself (its backend
+table, each class's own validate), so one that cannot run shows the library's reason, not ours.
 """
 from __future__ import annotations
 
@@ -46,11 +45,6 @@ def kernel_classes(bits: int = 4, sym: bool = True) -> dict:
     return out
 
 
-def _shapes(tensors: dict, bits: int) -> tuple[int, int]:
-    qweight = tensors["qweight"]
-    return qweight.shape[0] * (32 // bits), qweight.shape[1]
-
-
 @contextlib.contextmanager
 def compiling(allowed: bool):
     """GPTQModel compiles a CUDA extension it lacks (Marlin, ExLlama v2, ...) with nvcc on first use:
@@ -87,7 +81,7 @@ def build_kernel(backend: str, tensors: dict, device, dtype: torch.dtype | None 
                          f"use one of {sorted(classes)}")
     cls, device = classes[backend], torch.device(device)
     dtype = dtype or tensors["scales"].dtype
-    n_in, n_out = _shapes(tensors, bits)
+    n_in, n_out = tensors["qweight"].shape[0] * (32 // bits), tensors["qweight"].shape[1]
     with compiling(compile_extensions):
         ok, err = validate_quant_linear(cls, bits=bits, group_size=group_size, desc_act=desc_act, sym=sym,
                                         pack_dtype=torch.int32, dtype=dtype, in_features=n_in, out_features=n_out,
@@ -110,11 +104,9 @@ def _built(backend, cls, tensors, device, dtype, bits, group_size, sym, desc_act
                   out_features=n_out, pack_dtype=torch.int32, bias="bias" in tensors, dtype=dtype,
                   backend=BACKEND(backend), register_buffers=True, adapter=None, name=backend,
                   lm_head_name=None, **extra).to(device)
-        for key, value in tensors.items():
+        for key, value in tensors.items():   # copies: the v1 -> v2 conversion adds to qzeros in place
             target = getattr(mod, key)
-            # a copy: the v1 -> v2 conversion below adds to qzeros in place, and the caller keeps its tensors
-            target.data = value.to(device=device, dtype=target.dtype if value.is_floating_point() else value.dtype,
-                                   copy=True)
+            target.data = value.to(device, target.dtype if value.is_floating_point() else value.dtype, copy=True)
         if getattr(cls, "REQUIRES_FORMAT_V2", False):
             convert_gptq_v1_to_v2_format_module(mod, bits=bits, pack_dtype=torch.int32)
         mod.optimized = True                        # no torch.compile: eager, as gptqmodel_reference
@@ -140,31 +132,30 @@ def _row(backend, kernel, call, x, ref, device, repeats) -> dict:
 
 
 def _absent(backend, kernel, reason) -> dict:
-    reason = " ".join(str(reason).split())
+    reason = " ".join(str(reason).split())      # one line, cut short: the table shows it whole
     return {"backend": backend, "kernel": kernel, "runs": False, "ok": None, "rel_l2": None, "tolerance": None,
             "us_per_call": None, "reason": reason[:240]}
 
 
 def _gemv_row(tensors, x, ref, device, group_size, repeats) -> dict:
     """The project's Triton Int4 GEMV on the same tensors: a CUDA kernel for batch 1, v1 zeros, g_idx = i // G."""
+    g_idx, name = tensors.get("g_idx"), "utils.kernels.int4_gemv"
     if device.type != "cuda":
-        return _absent(GEMV, "utils.kernels.int4_gemv", f"the project's int4_gemv is a Triton kernel for a CUDA "
-                       f"GPU (decode, batch 1); this device is {device.type}")
+        return _absent(GEMV, name, f"the project's int4_gemv is a Triton kernel for a CUDA GPU (decode, batch 1); "
+                       f"this device is {device.type}")
     if x.shape[0] != 1:
-        return _absent(GEMV, "utils.kernels.int4_gemv", f"int4_gemv is a batch-1 GEMV; batch={x.shape[0]}")
-    g_idx = tensors.get("g_idx")
+        return _absent(GEMV, name, f"int4_gemv is a batch-1 GEMV; batch={x.shape[0]}")
     if g_idx is not None and not torch.equal(g_idx.cpu().long(), torch.arange(g_idx.numel()) // group_size):
-        return _absent(GEMV, "utils.kernels.int4_gemv", "act-order g_idx: int4_gemv reads group i // group_size")
+        return _absent(GEMV, name, "act-order g_idx: int4_gemv reads group i // group_size")
     from .kernels import int4_gemv
 
     qw, qz, s = (tensors[k].to(device) for k in ("qweight", "qzeros", "scales"))
     bias = tensors["bias"].to(device, x.dtype) if "bias" in tensors else None
     try:
-        return _row(GEMV, "utils.kernels.int4_gemv",
-                    lambda v: int4_gemv(v, qw, qz, s, group_size) + (0 if bias is None else bias), x, ref, device,
-                    repeats)
+        call = lambda v: int4_gemv(v, qw, qz, s, group_size) + (0 if bias is None else bias)  # noqa: E731
+        return _row(GEMV, name, call, x, ref, device, repeats)
     except Exception as exc:  # noqa: BLE001 - kept in the table with its reason
-        return _absent(GEMV, "utils.kernels.int4_gemv", f"{type(exc).__name__}: {exc}")
+        return _absent(GEMV, name, f"{type(exc).__name__}: {exc}")
 
 
 def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | None = None, batch: int = 1,
@@ -190,9 +181,7 @@ def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | N
                         "gptq", group_size)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, w.shape[1], generator=gen).to(device=device, dtype=dtype)
-    ref = x.cpu().double() @ w.double().t()
-    if tensors.get("bias") is not None:
-        ref = ref + tensors["bias"].double()
+    ref = x.cpu().double() @ w.double().t() + (tensors["bias"].double() if tensors.get("bias") is not None else 0)
     rows = []
     for name in names:
         try:
