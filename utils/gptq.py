@@ -207,6 +207,17 @@ def _gptq_layout(module, qweight: torch.Tensor) -> bool:
             and z.dtype == torch.int32 and q.shape == qweight.shape and hasattr(module, "dequantize_weight"))
 
 
+def output_tolerance(kernel_name: str, out_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> float:
+    """The bound on a GPTQ kernel's output rel L2 against float64 x @ W.T on the same weight (k = in):
+    metrics.matmul_error_bound of the coarsest of the output's and activations' dtypes, plus one rounding
+    of the activations to it (bf16 for the CPU's ATen int4 kernel, which casts them to bf16)."""
+    from .metrics import UNIT_ROUNDOFF, matmul_error_bound
+
+    low = max((out_dtype, x_dtype) + ((torch.bfloat16,) if "Aten" in kernel_name else ()),
+              key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
+    return matmul_error_bound(low, k, input_dtype=low)
+
+
 def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,
                 desc_act: bool = False, format: str = "gptq", device: str = "cpu",
                 kernel_module=None, dtype: torch.dtype | None = None, n_tokens: int = 4, seed: int = 0) -> dict:
@@ -217,7 +228,7 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     picked; GPTQModel's TorchLinear when None) on random activations in `dtype` (the model's; default
     the scales' dtype), against float64 x @ W_ours.T.
     """
-    from .metrics import UNIT_ROUNDOFF, matmul_error_bound, max_abs_error, relative_l2
+    from .metrics import max_abs_error, relative_l2
 
     tensors = {k: v.to(device) for k, v in tensors.items()}
     ours = dequantize(tensors["qweight"], tensors["qzeros"], tensors["scales"], tensors.get("g_idx"),
@@ -245,11 +256,8 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     ref = x.double() @ ours.double().t()
     if tensors.get("bias") is not None:
         ref = ref + tensors["bias"].double()
-    low = max((out.dtype, x.dtype) + ((torch.bfloat16,) if "Aten" in type(kernel).__name__ else ()),
-              key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
-    # same weight on both sides (checked bit-exact): only the kernel's arithmetic differs, plus one
-    # rounding of the activations to `low` (CPU int4 kernels cast them to bf16)
-    rel, tol = relative_l2(out, ref), matmul_error_bound(low, ours.shape[1], input_dtype=low)
+    # same weight on both sides (checked bit-exact): only the kernel's arithmetic differs
+    rel, tol = relative_l2(out, ref), output_tolerance(type(kernel).__name__, out.dtype, x.dtype, ours.shape[1])
     return {"shape_out_in": list(ours.shape), "weight_dtype": str(ours.dtype).replace("torch.", ""),
             "reference_kernel": type(ref_mod).__name__,
             "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape
