@@ -34,7 +34,7 @@ def test_torch_kernels_run_and_agree_and_leave_the_tensors_alone():
         assert 0 < r["rel_l2"] <= r["tolerance"] and r["us_per_call"] > 0
     torch_row = rows[1]
     assert torch_row["kernel"] == "TorchLinear"
-    assert torch_row["tolerance"] == gptq.output_tolerance("TorchLinear", torch.float16, torch.float16, 256)
+    assert torch_row["tolerance"] == gptq.kernel_tolerance("TorchLinear", torch.float16, torch.float16, 256)
     assert all(torch.equal(t[k], before[k]) for k in t)
     # a layer with a bias (Qwen2's q, k, v projections): the kernel adds it, and so does the reference
     biased = {**t, "bias": torch.randn(64, generator=torch.Generator().manual_seed(1)).half()}

@@ -207,7 +207,7 @@ def _gptq_layout(module, qweight: torch.Tensor) -> bool:
             and z.dtype == torch.int32 and q.shape == qweight.shape and hasattr(module, "dequantize_weight"))
 
 
-def output_tolerance(kernel_name: str, out_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> float:
+def kernel_tolerance(kernel_name: str, out_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> float:
     """The bound on a GPTQ kernel's output rel L2 against float64 x @ W.T on the same weight (k = in):
     metrics.matmul_error_bound of the coarsest of the output's and activations' dtypes, plus one rounding
     of the activations to it (bf16 for the CPU's ATen int4 kernel, which casts them to bf16)."""
@@ -257,7 +257,7 @@ def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool =
     if tensors.get("bias") is not None:
         ref = ref + tensors["bias"].double()
     # same weight on both sides (checked bit-exact): only the kernel's arithmetic differs
-    rel, tol = relative_l2(out, ref), output_tolerance(type(kernel).__name__, out.dtype, x.dtype, ours.shape[1])
+    rel, tol = relative_l2(out, ref), kernel_tolerance(type(kernel).__name__, out.dtype, x.dtype, ours.shape[1])
     return {"shape_out_in": list(ours.shape), "weight_dtype": str(ours.dtype).replace("torch.", ""),
             "reference_kernel": type(ref_mod).__name__,
             "weight_max_abs_diff": max_abs_error(ours.float(), theirs.float()) if ours.shape == theirs.shape

@@ -125,7 +125,7 @@ def _row(backend, kernel, call, x, ref, device, repeats) -> dict:
     with torch.no_grad():
         out = call(x)
         rel = relative_l2(out, ref)
-        tol = gptq.output_tolerance(kernel, out.dtype, x.dtype, x.shape[-1])
+        tol = gptq.kernel_tolerance(kernel, out.dtype, x.dtype, x.shape[-1])
         us = statistics.median(time_op(lambda: call(x), device, warmup=3, repeats=repeats)) * 1e6
     return {"backend": backend, "kernel": kernel, "runs": True, "ok": bool(rel <= tol), "rel_l2": rel,
             "tolerance": tol, "us_per_call": us, "reason": None}
