@@ -103,3 +103,18 @@ def test_gptqmodels_own_extension_loader_is_refused_its_compile(tmp_path):
     assert "AVAILABLE False" in out.stdout, out.stdout + out.stderr
     assert "compile_extensions=True" in out.stdout
     assert not any(p.suffix == ".so" for p in tmp_path.rglob("*"))
+
+
+def test_a_kernel_that_rounds_its_activations_to_fp8_is_judged_with_that_rounding():
+    """W4AFP8 quantizes activations to FP8 e4m3 per token by design: its bound includes that rounding,
+    while a plain fp16 kernel with the same error is out of bounds."""
+    gen = torch.Generator().manual_seed(0)
+    k = 3584
+    x, w = torch.randn(1, k, generator=gen, dtype=torch.float64), torch.randn(64, k, generator=gen, dtype=torch.float64)
+    scale = x.abs().amax(dim=-1, keepdim=True) / 448                  # per token, e4m3's largest normal
+    x8 = (x / scale).to(torch.float8_e4m3fn).to(torch.float64) * scale
+    rel = (torch.linalg.vector_norm(x8 @ w.T - x @ w.T) / torch.linalg.vector_norm(x @ w.T)).item()
+    assert rel > gptq.kernel_tolerance("TritonV2Linear", torch.float16, torch.float16, k)
+    assert rel <= gptq.kernel_tolerance("W4AFP8Linear", torch.float16, torch.float16, k)
+    assert gptq.kernel_tolerance("TorchAtenLinear", torch.float16, torch.float16, k) == \
+        gptq.kernel_tolerance("TritonV2Linear", torch.bfloat16, torch.bfloat16, k)

@@ -207,15 +207,27 @@ def _gptq_layout(module, qweight: torch.Tensor) -> bool:
             and z.dtype == torch.int32 and q.shape == qweight.shape and hasattr(module, "dequantize_weight"))
 
 
+# Kernels that compute in, or round their activations to, a coarser format by design (not a fault): the
+# CPU's ATen int4 kernel casts the activations to bf16 and computes in bf16; GPTQModel's W4AFP8 kernel
+# quantizes the activations to FP8 e4m3 per token.
+COMPUTE_DTYPE = {"TorchAten": torch.bfloat16}
+ACTIVATION_ROUNDING = {"W4AFP8": torch.float8_e4m3fn}
+
+
 def kernel_tolerance(kernel_name: str, out_dtype: torch.dtype, x_dtype: torch.dtype, k: int) -> float:
     """The bound on a GPTQ kernel's output rel L2 against float64 x @ W.T on the same weight (k = in):
-    metrics.matmul_error_bound of the coarsest of the output's and activations' dtypes, plus one rounding
-    of the activations to it (bf16 for the CPU's ATen int4 kernel, which casts them to bf16)."""
+    metrics.matmul_error_bound in the coarsest of the output's, the activations' and the kernel's compute
+    dtype, plus one rounding of the activations to it or to what the kernel rounds them to."""
     from .metrics import UNIT_ROUNDOFF, matmul_error_bound
 
-    low = max((out_dtype, x_dtype) + ((torch.bfloat16,) if "Aten" in kernel_name else ()),
-              key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
-    return matmul_error_bound(low, k, input_dtype=low)
+    def coarsest(*dtypes):
+        return max(dtypes, key=lambda d: UNIT_ROUNDOFF.get(d, 0.0))
+
+    def by_name(table):
+        return tuple(d for name, d in table.items() if kernel_name.startswith(name))
+
+    low = coarsest(out_dtype, x_dtype, *by_name(COMPUTE_DTYPE))
+    return matmul_error_bound(low, k, input_dtype=coarsest(low, *by_name(ACTIVATION_ROUNDING)))
 
 
 def check_layer(tensors: dict, bits: int = 4, group_size: int = 128, sym: bool = True,

@@ -13,6 +13,7 @@ import torch
 UNIT_ROUNDOFF = {
     torch.float64: 2.0**-53, torch.float32: 2.0**-24, "tf32": 2.0**-11,
     torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8,
+    torch.float8_e4m3fn: 2.0**-4, torch.float8_e5m2: 2.0**-3,   # normal range; subnormals round coarser
 }
 
 
