@@ -205,18 +205,14 @@ def resume_command(profile: dict, run_dir: Path, lab: str, runs_dir: Path | None
 
 
 def fallback_warning(lab_dir: Path) -> str:
-    """A loud line when a lab records that a model fell back to the fixture; "" otherwise."""
-    from utils.fetch import fallbacks, models_summary
+    """fetch.fallback_warning for the results a lab wrote; "" when it wrote none readable."""
+    from utils.fetch import fallback_warning as warning_for
     from utils.results import ResultsError, read_results
 
     try:
-        models = (read_results(lab_dir).get("data") or {}).get("models") or {}
+        return warning_for(read_results(lab_dir))
     except ResultsError:
         return ""
-    if not isinstance(models, dict) or not fallbacks(models):
-        return ""
-    return f"models fell back to the embedded fixture; every number of this run is the fixture's: " \
-           f"{models_summary(models)}"
 
 
 def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from: str | None = None,

@@ -157,6 +157,8 @@ def test_fallback_is_recorded_and_named(tmp_path):
     assert "int4: FIXTURE tiny-qwen2-gsm/gptq-int4 instead of Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4" in line
     honest = {"golden": fetch.resolve_model("fixture", "golden", offline=True)}
     assert fetch.fallbacks(honest) == [] and fetch.models_summary(honest) == "golden: fixture tiny-qwen2-gsm/bf16"
+    assert fetch.fallback_warning({"data": {"models": picked}}).endswith(line)
+    assert fetch.fallback_warning({"data": {"models": honest}}) == fetch.fallback_warning(None) == ""
 
 
 def test_fallback_is_printed_by_the_chain_and_heads_the_report(tmp_path):

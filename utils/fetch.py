@@ -173,6 +173,15 @@ def fallbacks(models: dict) -> list[str]:
             if isinstance(m, dict) and (m.get("fallback") or str(m.get("note", "")).startswith("fallback"))]
 
 
+def fallback_warning(results: dict | None) -> str:
+    """The loud line for a lab's results whose models fell back to the fixture; "" when none did."""
+    models = ((results or {}).get("data") or {}).get("models")
+    if not isinstance(models, dict) or not fallbacks(models):
+        return ""
+    return f"models fell back to the embedded fixture; every number of this run is the fixture's: " \
+           f"{models_summary(models)}"
+
+
 def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path | None = None,
                   revision: str = "master", timeout_s: float = 3600, fixture_fallback: bool = False,
                   fixture_paths: dict | None = None, command: list[str] | None = None) -> dict:

@@ -55,14 +55,9 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
 
 def _fallback_warnings(labs: list[tuple[str, dict | None, str]]) -> list[str]:
     """A line per lab whose recorded models fell back to the embedded fixture."""
-    from .fetch import fallbacks, models_summary
+    from .fetch import fallback_warning
 
-    out = []
-    for lab, res, _ in labs:
-        models = ((res or {}).get("data") or {}).get("models")
-        if isinstance(models, dict) and fallbacks(models):
-            out.append(f"{lab}: models fell back to the embedded fixture ({models_summary(models)})")
-    return out
+    return [f"{lab}: {w}" for lab, res, _ in labs if (w := fallback_warning(res))]
 
 
 def _html_figure(path: Path, rel: str) -> str:
