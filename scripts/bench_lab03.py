@@ -25,9 +25,14 @@ GSM8K_TEST = 1319
 
 
 def parse_setting(text: str) -> dict:
+    from utils.decode import DECODES
+
     parts = text.split(":")
-    if len(parts) not in (3, 4) or parts[0] not in ("golden", "int4") or not parts[2].isdigit():
-        raise SystemExit(f"--settings: {text!r} is not model:decode:batch[:gptq_kernel] (model golden or int4)")
+    if len(parts) not in (3, 4) or parts[0] not in ("golden", "int4") or not parts[2].isdigit() or parts[2] == "0":
+        raise SystemExit(f"--settings: {text!r} is not model:decode:batch[:gptq_kernel] "
+                         f"(model golden or int4, batch a positive integer)")
+    if parts[1] not in DECODES:
+        raise SystemExit(f"--settings: {text!r}: decode {parts[1]!r} is not one of {list(DECODES)}")
     return {"name": text, "model": parts[0], "decode": parts[1], "batch": int(parts[2]),
             "gptq_backend": parts[3] if len(parts) == 4 else "auto"}
 
@@ -82,7 +87,16 @@ def main(argv=None) -> int:
     from utils import evaluation as ev
     from utils.decode import extrapolate_seconds
     from utils.gpu_cap import apply_cap
+    from utils.results import atomic_write_text
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no GPU on this machine; run this on the GPU machine, "
+                         "or pass --device cpu (decode eager only)")
+    earlier = [p.name for p in (args.out / "bench_lab03.json", args.out / "bench_lab03.md", args.out / "runs")
+               if p.exists()]
+    if earlier:
+        raise SystemExit(f"--out: {args.out} already holds an earlier run ({', '.join(earlier)}); "
+                         f"pass a new folder, nothing was overwritten")
     cap = apply_cap(args.cap_gib) if args.device == "cuda" else {"reason": "cpu: no cap"}
     print("cap:", cap["reason"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -124,8 +138,8 @@ def main(argv=None) -> int:
         r = None
         gc.collect()
         torch._dynamo.reset()             # the next setting compiles its own model, not against stale guards
-        (args.out / "bench_lab03.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-        (args.out / "bench_lab03.md").write_text(markdown(rows, meta))
+        atomic_write_text(args.out / "bench_lab03.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+        atomic_write_text(args.out / "bench_lab03.md", markdown(rows, meta))
         print(markdown(rows, meta), flush=True)
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
