@@ -17,6 +17,7 @@
 # to 1,319 problems), run.tar.gz (the run folder, peaks, logs; no weights), chain.log, build.log.
 set -uo pipefail
 part=${1:?usage: rehearsal_7b.sh part1|part2|all|bench}
+case "$part" in part1|part2|all|bench) ;; *) echo "rehearsal_7b.sh: unknown part '$part': part1, part2, all or bench" >&2; exit 2 ;; esac
 T0=$(date +%s)
 BUDGET_S=${REHEARSAL_BUDGET_S:-565}        # the whole script, inside the tool's 600 s
 W=/tmp/quantlab-rehearsal
@@ -114,7 +115,6 @@ EOF
         python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
         --limit "${BENCH_LIMIT:-32}" --out "$OUT/bench" --settings $BENCH_SETTINGS 2>&1 | tee "$OUT/bench.log" |
         grep -v -i -e warn -e "^ *$" | tail -40 || status=$? ;;
-    *) say "unknown part $part: part1, part2, all or bench"; status=2 ;;
   esac
   if [ "$part" = part2 ] || [ "$part" = all ] && [ "$(left)" -gt 75 ]; then
     say "lm-eval's automatic batch size at 7B under the cap"

@@ -72,3 +72,13 @@ def test_rehearsal_profile_is_rtx4090_with_local_models_and_the_cap():
         differs = {k for k in real["labs"][lab] if real["labs"][lab][k] != reh["labs"][lab].get(k)}
         assert differs <= {"reference_capture"}, (lab, differs)
     assert reh["labs"]["03_eval"] == real["labs"]["03_eval"]
+
+
+@pytest.mark.parametrize("part", ["part3", "bench2"])
+def test_rehearsal_script_refuses_an_unknown_part_before_any_work(part, tmp_path):
+    import subprocess
+
+    done = subprocess.run(["bash", str(REPO / "scripts" / "rehearsal_7b.sh"), part], cwd=REPO, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out")}, timeout=30)
+    assert done.returncode == 2 and f"unknown part '{part}'" in done.stderr
+    assert not (tmp_path / "out").exists()      # it stopped before making folders or installing wheels
