@@ -59,6 +59,7 @@ def test_determinism_check_flags_differences():
         sp.determinism_check(lambda: x, runs=1)
 
 
-def test_bad_dtype_named():
-    with pytest.raises(ValueError, match="dtype"):
-        sp.run_cases("cpu", dtypes=(torch.int8,))
+@pytest.mark.parametrize("bad", [torch.int8, torch.float8_e4m3fn])
+def test_bad_dtype_named(bad):
+    with pytest.raises(ValueError, match=f"dtypes: {bad} is not a dtype the elementwise ops compute in"):
+        sp.run_cases("cpu", dtypes=(bad,))

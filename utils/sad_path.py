@@ -119,7 +119,8 @@ def run_cases(device: str = "cpu", dtypes=(torch.float16, torch.bfloat16), seed:
     rows = []
     for dtype in dtypes:
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):   # CPU arithmetic in it
-            raise ValueError(f"dtype {dtype} has no unit roundoff in utils.metrics; use float16 or bfloat16")
+            raise ValueError(f"dtypes: {dtype} is not a dtype the elementwise ops compute in; "
+                             f"use float16, bfloat16, float32 or float64")
         gen = torch.Generator().manual_seed(seed)
         for op, case, fn, make in _cases(gen):
             args64 = make()
