@@ -117,7 +117,7 @@ import utils.kernels.grouped_gluon as gg
 lay = gg.gl.NVMMASharedLayout.get_default_for
 desc = lambda shape: f"tensordesc<bf16[{shape[0]}, {shape[1]}],{lay(shape, gg.gl.bfloat16)!r}>"
 sig = {"a_desc": desc([gg.BLOCK_M, gg.BLOCK_K]), "b_desc": desc([gg.BLOCK_K, gg.BLOCK_N]),
-       "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "offs_ptr": "*i32", "G": "i32", "N": "i32",
+       "c_desc": desc([gg.BLOCK_M, gg.BLOCK_N]), "c_ptr": "*bf16", "group_ends_ptr": "*i32", "G": "i32", "N": "i32",
        "K": "i32", "MAX_ROWS": "i32", "STAGES": "constexpr", "GROUP_M": "constexpr", "PRODUCER_REGS": "constexpr",
        "TMA_STORE": "constexpr", "num_warps": "constexpr"}
 const = {"STAGES": gg.STAGES, "GROUP_M": gg.GROUP_M, "PRODUCER_REGS": gg.PRODUCER_REGS, "TMA_STORE": True,

@@ -16,9 +16,7 @@ from typing import Any, Iterable
 import torch
 
 from .capture import model_device
-
-COS_HEALTHY = 0.99   # the report's threshold: at or above, healthy
-COS_CRITICAL = 0.95  # below: critical, suspected SDC (静默数据损坏)
+from .metrics import COS_CRITICAL, COS_HEALTHY
 PERCENTILES = (("max", 100.0), ("99.9%", 99.9), ("99%", 99.0), ("95%", 95.0), ("90%", 90.0),
                ("median", 50.0), ("10%", 10.0), ("5%", 5.0), ("1%", 1.0), ("min", 0.0))
 VERDICT_STATUS = {"healthy": "ok", "degraded": "warn", "critical": "fail", "non-finite": "fail"}

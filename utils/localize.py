@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from .capture import decoder_layers, forward_capture, hooked_modules, hooks, model_device, module_label
-from .divergence import COS_CRITICAL, COS_HEALTHY
-from .metrics import MetricAccumulator
+from .metrics import COS_CRITICAL, COS_HEALTHY, MetricAccumulator
 
 _SEVERITY = {"healthy": 0, "degraded": 1, "critical": 2, "non-finite": 3}
 

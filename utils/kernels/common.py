@@ -30,15 +30,19 @@ def interpreter_limits() -> list[str]:
             "fp16 accumulation (out_dtype=fp16) is numpy's fp16 dot, not a tensor core's"]
 
 
-def _check(cond: bool, msg: str) -> None:
+def require(cond: bool, msg: str) -> None:
+    """A bad argument raises ValueError with `msg`, which names the argument and what it must be."""
     if not cond:
         raise ValueError(msg)
+
+
+_check = require  # the old name, still imported by gemv.py; remove once gemv.py imports `require`
 
 
 def precision(input_precision: str | None) -> str:
     """tl.dot's input_precision for matmul and grouped_matmul: "ieee" when None (tl.dot's own default on a
     GPU is tf32, which would give fp32 inputs a 10-bit mantissa without saying so)."""
-    _check(input_precision is None or input_precision in INPUT_PRECISIONS,
+    require(input_precision is None or input_precision in INPUT_PRECISIONS,
            f"input_precision must be one of {INPUT_PRECISIONS} or None, got {input_precision!r}")
     return input_precision or "ieee"
 

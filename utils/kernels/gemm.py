@@ -6,36 +6,41 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _check, fits_shared_memory, gpu_configs, interpreted, precision, small_config, tile_of
+from .common import fits_shared_memory, gpu_configs, interpreted, precision, require, small_config, tile_of
 
 
 @triton.jit
-def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,  # elements to the next row/col
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, PRECISION: tl.constexpr, ACC_FP16: tl.constexpr):
+    # which [BLOCK_M, BLOCK_N] tile of C this program computes (grouped order, for L2 reuse of B)
     pid_m, pid_n = tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (rm % M)[:, None] * sam + rk[None, :] * sak
-    b_ptrs = b_ptr + rk[:, None] * sbk + (rn % N)[None, :] * sbn
+    # the tile's rows of A, columns of B, and the first k-block; rows/cols past M/N wrap (masked on store)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+    # walk K one block at a time, accumulating A-block @ B-block (the k tail is loaded as zeros)
     if ACC_FP16:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float16)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        kmask = rk < K - k * BLOCK_K
+        kmask = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
         if ACC_FP16:
             acc = tl.dot(a, b, acc, out_dtype=tl.float16)
         else:
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += BLOCK_K * sak
-        b_ptrs += BLOCK_K * sbk
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    # round to C's dtype and store the part of the tile inside C
     c = acc.to(c_ptr.dtype.element_ty)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, c, mask=mask)
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, c, mask=mask)
 
 
 _matmul_tuned = triton.autotune(configs=gpu_configs(), key=["M", "N", "K"],
@@ -56,17 +61,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, input_precision: str | None = None,
     config fixes the tile (keys BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) instead of
     autotuning; the interpreter always uses small fixed tiles.
     """
-    _check(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0],
-           f"a and b must be 2-D with a.shape[1] == b.shape[0], got {tuple(a.shape)} @ {tuple(b.shape)}")
-    _check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
-           f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
+    require(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0],
+            f"a and b must be 2-D with a.shape[1] == b.shape[0], got {tuple(a.shape)} @ {tuple(b.shape)}")
+    require(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
+            f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
     prec = precision(input_precision)
-    _check(acc_dtype in (torch.float32, torch.float16) and (acc_dtype == torch.float32 or a.dtype == torch.float16),
-           "acc_dtype must be torch.float32, or torch.float16 with fp16 inputs")
-    _check(a.device == b.device, f"a is on {a.device}, b on {b.device}: put both on one device")
+    require(acc_dtype in (torch.float32, torch.float16) and (acc_dtype == torch.float32 or a.dtype == torch.float16),
+            "acc_dtype must be torch.float32, or torch.float16 with fp16 inputs")
+    require(a.device == b.device, f"a is on {a.device}, b on {b.device}: put both on one device")
     if interpreted():
-        _check(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
-        _check(a.device.type == "cpu", "under TRITON_INTERPRET=1 the tensors must be on the CPU")
+        require(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
+        require(a.device.type == "cpu", "under TRITON_INTERPRET=1 the tensors must be on the CPU")
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=a.dtype)
@@ -83,32 +88,33 @@ def matmul(a: torch.Tensor, b: torch.Tensor, input_precision: str | None = None,
 
 
 @triton.jit
-def _int8_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
+def _int8_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (rm % M)[:, None] * sam + rk[None, :] * sak
-    b_ptrs = b_ptr + rk[:, None] * sbk + (rn % N)[None, :] * sbn
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (offs_m % M)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        kmask = rk < K - k * BLOCK_K
+        kmask = offs_k < K - k * BLOCK_K
         a = tl.load(a_ptrs, mask=kmask[None, :], other=0)
         b = tl.load(b_ptrs, mask=kmask[:, None], other=0)
         acc = tl.dot(a, b, acc, out_dtype=tl.int32)  # int8 x int8 -> int32 accumulator
-        a_ptrs += BLOCK_K * sak
-        b_ptrs += BLOCK_K * sbk
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc, mask=mask)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc, mask=mask)
 
 
 def int8_matmul(a: torch.Tensor, b: torch.Tensor, block_k: int = 128) -> torch.Tensor:
     """int32 C = A @ B for int8 A [M, K], B [K, N], accumulated in int32 by tl.dot (what it does past
     the int32 range is what Lab 05 measures)."""
-    _check(a.dtype == torch.int8 and b.dtype == torch.int8, f"a and b must be int8, got {a.dtype}, {b.dtype}")
-    _check(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0],
-           f"a must be [M, K] and b [K, N], got {tuple(a.shape)} @ {tuple(b.shape)}")
+    require(a.dtype == torch.int8 and b.dtype == torch.int8, f"a and b must be int8, got {a.dtype}, {b.dtype}")
+    require(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[0],
+            f"a must be [M, K] and b [K, N], got {tuple(a.shape)} @ {tuple(b.shape)}")
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty((M, N), device=a.device, dtype=torch.int32)

@@ -15,42 +15,47 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _check, cache, fits_shared_memory, gpu_configs, interpreted, precision, small_config, tile_of
+from .common import cache, fits_shared_memory, gpu_configs, interpreted, precision, require, small_config, tile_of
 
 
 @triton.jit
-def _group_rows(offs_ptr, g):
-    """(first row, number of rows) of group g, from the int32 cumulative row ends offs."""
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    return start, tl.load(offs_ptr + g) - start
+def _group_rows(group_ends_ptr, g):
+    """(first row, number of rows) of group g, from the int32 cumulative row ends (grouped_matmul's offs)."""
+    start = tl.load(group_ends_ptr + g - 1, mask=g > 0, other=0)
+    return start, tl.load(group_ends_ptr + g) - start
 
 
 @triton.jit
-def _grouped_kernel(a_ptr, b_ptr, c_ptr, offs_ptr, N, K, sam, sak, sbg, sbk, sbn, scm, scn,
+def _grouped_kernel(a_ptr, b_ptr, c_ptr, group_ends_ptr, N, K,
+                    stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
+    # grid axis 1 is the group, axis 0 a tile of it (sized for the largest group)
     g = tl.program_id(1)
-    start, Mg = _group_rows(offs_ptr, g)
+    start, Mg = _group_rows(group_ends_ptr, g)
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:                      # programs past this group's tiles do nothing
         pid_m, pid_n = tile_of(pid, num_m, num_n, GROUP_M)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        rows = start + tl.minimum(rm, Mg - 1)     # clamp inside the group (masked on store)
-        a_ptrs = a_ptr + rows[:, None] * sam + rk[None, :] * sak
-        b_ptrs = b_ptr + g * sbg + rk[:, None] * sbk + (rn % N)[None, :] * sbn
+        # the tile's rows of A (inside group g), columns of B[g], first k-block
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        rows = start + tl.minimum(offs_m, Mg - 1)     # clamp inside the group (masked on store)
+        a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        b_ptrs = b_ptr + g * stride_bg + offs_k[:, None] * stride_bk + (offs_n % N)[None, :] * stride_bn
+        # walk K one block at a time (the k tail is loaded as zeros)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
-            kmask = rk < K - k * BLOCK_K
+            kmask = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=kmask[:, None], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            a_ptrs += BLOCK_K * sak
-            b_ptrs += BLOCK_K * sbk
-        mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-        tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn,
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        # store only the group's rows
+        mask = (offs_m < Mg)[:, None] & (offs_n < N)[None, :]
+        tl.store(c_ptr + (start + offs_m)[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                  acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
@@ -71,23 +76,24 @@ def _tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _grouped_tma_kernel(a_desc, b_desc, c_ptr, offs_ptr, N, K, scm, scn, MAX_ROWS,
+def _grouped_tma_kernel(a_desc, b_desc, c_ptr, group_ends_ptr, N, K, stride_cm, stride_cn, MAX_ROWS,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr):
     """The grouped GEMM with A and B read through TMA descriptors (Hopper's bulk tensor copy engine).
     A tile may read rows past its group's end (the next group's, or TMA's zero fill): they are never
     stored. B is viewed as [G*K, N], so K must be a multiple of BLOCK_K (the wrapper checks)."""
     g = tl.program_id(1)
-    start, Mg = _group_rows(offs_ptr, g)
+    start, Mg = _group_rows(group_ends_ptr, g)
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(Mg, BLOCK_M), tl.cdiv(N, BLOCK_N)
     if pid < num_m * num_n:
         pid_m, pid_n = tile_of(pid, num_m, num_n, GROUP_M)
         acc = _tma_tile_acc(a_desc, b_desc, start, g, pid_m, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-        tl.store(c_ptr + (start + rm)[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m < Mg)[:, None] & (offs_n < N)[None, :]
+        tl.store(c_ptr + (start + offs_m)[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                 acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def _tma_block_shapes(nargs):
@@ -153,11 +159,11 @@ def grouped_kernel(a: torch.Tensor, b: torch.Tensor, kernel: str = "auto") -> st
     """Which grouped GEMM kernel grouped_matmul runs on a and b: "gluon" (warp-specialized, Hopper),
     "tma" (Triton, TMA loads) or "pointers" (Triton, pointer loads; everywhere, the interpreter too).
     "auto" is the first of those that can run; a named one that cannot raises ValueError saying why."""
-    _check(kernel in ("auto",) + GROUPED_KERNELS, f"kernel must be 'auto' or one of {GROUPED_KERNELS}, got {kernel!r}")
+    require(kernel in ("auto",) + GROUPED_KERNELS, f"kernel must be 'auto' or one of {GROUPED_KERNELS}, got {kernel!r}")
     if kernel == "auto":
         return grouped_kernels_here(a, b)[0]
     why = _grouped_refusals(a, b)[kernel]
-    _check(why is None, f"the {kernel} grouped GEMM cannot run here: {why}; kernel='auto' picks one that can")
+    require(why is None, f"the {kernel} grouped GEMM cannot run here: {why}; kernel='auto' picks one that can")
     return kernel
 
 
@@ -169,7 +175,7 @@ def grouped_kernels_here(a: torch.Tensor, b: torch.Tensor) -> list[str]:
 
 def group_offsets(sizes: list[int], device="cpu") -> torch.Tensor:
     """int32 end offsets of groups of `sizes` rows laid one after another (torch._grouped_mm's offs)."""
-    _check(all(int(s) >= 0 for s in sizes) and len(sizes) > 0, f"group sizes must be >= 0, got {sizes}")
+    require(all(int(s) >= 0 for s in sizes) and len(sizes) > 0, f"group sizes must be >= 0, got {sizes}")
     return torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
 
 
@@ -184,23 +190,23 @@ def grouped_matmul(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, max_row
     grouped_kernel says which and why not. A fixed config (Triton tile keys, as in matmul) runs the
     pointer kernel. input_precision as in matmul (None is "ieee", common.precision says why).
     """
-    _check(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
-           f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
-    _check(offs.ndim == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
-           f"offs must be int32 of length G={b.shape[0]} (cumulative row ends), got {offs.dtype} {tuple(offs.shape)}")
-    _check(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
-           f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
+    require(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[1],
+            f"a must be [rows, K] and b [G, K, N] with the same K, got {tuple(a.shape)} and {tuple(b.shape)}")
+    require(offs.ndim == 1 and offs.shape[0] == b.shape[0] and offs.dtype == torch.int32,
+            f"offs must be int32 of length G={b.shape[0]} (cumulative row ends), got {offs.dtype} {tuple(offs.shape)}")
+    require(a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16, torch.float32),
+            f"a and b must share dtype fp16, bf16 or fp32, got {a.dtype}, {b.dtype}")
     prec = precision(input_precision)
     if interpreted():
-        _check(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
-    _check(config is None or kernel in ("auto", "pointers"),
-           f"a fixed config runs the pointer kernel: pass kernel='auto' or 'pointers', not {kernel!r}")
+        require(a.dtype != torch.bfloat16, "bfloat16 does not run under TRITON_INTERPRET=1 (numpy has no bf16)")
+    require(config is None or kernel in ("auto", "pointers"),
+            f"a fixed config runs the pointer kernel: pass kernel='auto' or 'pointers', not {kernel!r}")
     path = "pointers" if config is not None else grouped_kernel(a, b, kernel)
     G, K, N = b.shape
     if max_rows is None:
         o = offs.cpu().long()
-        _check(int(o[-1]) == a.shape[0] and bool((o[1:] >= o[:-1]).all()) and int(o[0]) >= 0,
-               f"offs must be non-decreasing and end at a.shape[0]={a.shape[0]}, got {o.tolist()}")
+        require(int(o[-1]) == a.shape[0] and bool((o[1:] >= o[:-1]).all()) and int(o[0]) >= 0,
+                f"offs must be non-decreasing and end at a.shape[0]={a.shape[0]}, got {o.tolist()}")
         max_rows = int(torch.diff(o, prepend=o.new_zeros(1)).max())
     if path == "gluon":
         from . import grouped_gluon

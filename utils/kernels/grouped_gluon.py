@@ -51,7 +51,7 @@ def _acc_layout(block_m, block_n, num_warps):
 
 
 @gluon.jit
-def _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _tile_origin(tile, group_ends_ptr, per_group, num_m, num_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  GROUP_M: gl.constexpr):
     """(group, its first row, the tile's row and column offsets in the group): tiles counted with the
     largest group's rows, GROUP_M row-tiles side by side (Triton's matmul tutorial ordering)."""
@@ -62,7 +62,7 @@ def _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M: gl.constexpr,
     rows = gl.minimum(num_m - first_m, GROUP_M)
     pid_m = first_m + (r % width) % rows
     pid_n = (r % width) // rows
-    start = gl.where(g > 0, gl.load(offs_ptr + gl.maximum(g - 1, 0)), 0)
+    start = gl.where(g > 0, gl.load(group_ends_ptr + gl.maximum(g - 1, 0)), 0)
     return g, start, pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
@@ -70,10 +70,10 @@ def _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M: gl.constexpr,
 def _masked_store(out, c_ptr, start, off_m, off_n, Mg, N, layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr):
     """The rows of the tile that are its group's (Mg rows from start), from registers."""
-    rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-    mask = (rm < Mg)[:, None] & (rn < N)[None, :]
-    gl.store(c_ptr + (start + rm)[:, None] * N + rn[None, :], out, mask=mask)
+    offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    offs_n = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+    mask = (offs_m < Mg)[:, None] & (offs_n < N)[None, :]
+    gl.store(c_ptr + (start + offs_m)[:, None] * N + offs_n[None, :], out, mask=mask)
 
 
 @gluon.jit
@@ -119,7 +119,7 @@ def _tile_count(G, MAX_ROWS, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS,
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, G, N, K, MAX_ROWS,
               GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """One warp: every k-step's A and B tiles of this program's tiles, into the ring, STAGES ahead."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -127,20 +127,20 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, M
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[1]
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, BLOCK_M, BLOCK_N)
     k_tiles = K // BLOCK_K
-    p = 0
+    step = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
-        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
+        g, start, off_m, off_n = _tile_origin(tile, group_ends_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
         for k in range(k_tiles):
-            slot = p % STAGES
-            mbarrier.wait(empty.index(slot), ((p // STAGES) & 1) ^ 1)    # the compute warps freed it
+            slot = step % STAGES
+            mbarrier.wait(empty.index(slot), ((step // STAGES) & 1) ^ 1)    # the compute warps freed it
             mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
             _tma_load(a_desc, [start + off_m, k * BLOCK_K], ready.index(slot), a_bufs.index(slot))
             _tma_load(b_desc, [g * K + k * BLOCK_K, off_n], ready.index(slot), b_bufs.index(slot))
-            p += 1
+            step += 1
 
 
 @gluon.jit
-def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS,
+def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, group_ends_ptr, G, N, K, MAX_ROWS,
              GROUP_M: gl.constexpr, STAGES: gl.constexpr, TMA_STORE: gl.constexpr, num_warps: gl.constexpr):
     """The default partition (num_warps warps, two warp groups at 8): wait for a stage, its wgmma, free
     the one before; at a tile's end its epilogue."""
@@ -150,26 +150,26 @@ def _compute(a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N
     num_m, num_n, per_group, total = _tile_count(G, MAX_ROWS, N, BLOCK_M, BLOCK_N)
     k_tiles = K // BLOCK_K
     acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=_acc_layout(BLOCK_M, BLOCK_N, num_warps))
-    c = 0
+    step = 0
     for tile in range(gl.program_id(0), total, gl.num_programs(0)):
         for k in range(k_tiles):
-            slot = c % STAGES
-            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            slot = step % STAGES
+            mbarrier.wait(ready.index(slot), (step // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot), acc, use_acc=k > 0, is_async=True)
             acc = warpgroup_mma_wait(1, deps=[acc])
             if k > 0:                                   # the step before is done: its stage is free
-                mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
-            c += 1
+                mbarrier.arrive(empty.index((step - 1) % STAGES), count=1)
+            step += 1
         acc = warpgroup_mma_wait(0, deps=[acc])
-        mbarrier.arrive(empty.index((c - 1) % STAGES), count=1)
-        g, start, off_m, off_n = _tile_origin(tile, offs_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
-        Mg = gl.load(offs_ptr + g) - start
+        mbarrier.arrive(empty.index((step - 1) % STAGES), count=1)
+        g, start, off_m, off_n = _tile_origin(tile, group_ends_ptr, per_group, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
+        Mg = gl.load(group_ends_ptr + g) - start
         _store_tile(acc, c_desc, c_ptr, c_smem, start, off_m, off_n, Mg, N, TMA_STORE)
     tma.store_wait(0)
 
 
 @gluon.jit
-def grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
+def grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, group_ends_ptr, G, N, K, MAX_ROWS, STAGES: gl.constexpr,
                        GROUP_M: gl.constexpr, PRODUCER_REGS: gl.constexpr, TMA_STORE: gl.constexpr,
                        num_warps: gl.constexpr):
     """Persistent and warp-specialized: one producer warp, num_warps compute warps; a ring stage is
@@ -181,9 +181,9 @@ def grouped_ws_kernel(a_desc, b_desc, c_desc, c_ptr, offs_ptr, G, N, K, MAX_ROWS
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     gl.warp_specialize([
-        (_compute, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, offs_ptr, G, N, K, MAX_ROWS, GROUP_M,
+        (_compute, (a_bufs, b_bufs, ready, empty, c_desc, c_ptr, c_smem, group_ends_ptr, G, N, K, MAX_ROWS, GROUP_M,
                     STAGES, TMA_STORE, num_warps)),
-        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, offs_ptr, G, N, K, MAX_ROWS, GROUP_M, STAGES)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, G, N, K, MAX_ROWS, GROUP_M, STAGES)),
     ], [1], [PRODUCER_REGS])
 
 
