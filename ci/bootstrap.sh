@@ -42,10 +42,17 @@ if [ -n "$gpu_torch" ] && .venv/bin/python -c 'import torch' 2>/dev/null; then
   have=$(.venv/bin/python -c 'import torch; print(torch.__version__)')
   constraints=$(mktemp); trap 'rm -f "$constraints"' EXIT
   echo "torch==$have" >"$constraints"
-  "${PIP[@]}" -c "$constraints" -r requirements-course.txt -e .
+  "${PIP[@]}" -c "$constraints" -r requirements-course.txt
 else
-  "${PIP[@]}" -r requirements.txt -e .
+  "${PIP[@]}" -r requirements.txt
 fi
-# The papermill chain starts notebooks on the kernel named "python3": make it this venv's Python.
-.venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (quant-lab)" >/dev/null
+# The course is not installed as a package (pyproject.toml says why); a venv that has it from before loses it.
+if .venv/bin/python -m pip show -q quant-lab >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall --disable-pip-version-check -q -y quant-lab
+fi
+# The papermill chain starts notebooks on the kernel named "python3": make it this venv's Python. A lab opened
+# in JupyterLab runs in its own folder, so the kernel finds utils/ through PYTHONPATH: the caller's first
+# (the chain puts its own checkout there), then this repository.
+.venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (quant-lab)" \
+  --env PYTHONPATH "\${PYTHONPATH}:$PWD" >/dev/null
 echo "bootstrap: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
