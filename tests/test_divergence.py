@@ -63,11 +63,19 @@ def test_accumulator_matches_metrics_and_streams():
         metrics.MetricAccumulator().update(out[:2], ref)
 
 
-def test_cosine_verdict_thresholds():
-    assert dv.cosine_verdict(0.995) == "healthy"
-    assert dv.cosine_verdict(0.97) == "degraded"
-    assert dv.cosine_verdict(0.9) == "critical"
-    assert dv.cosine_verdict(float("nan")) == "critical"
+def test_the_rule_reads_cosine_and_normalized_l2_together():
+    assert metrics.rule_verdict(0.995, 0.05) == "healthy"
+    assert metrics.rule_verdict(0.97, 0.2) == "degraded"
+    assert metrics.rule_verdict(0.9, 0.45) == "critical"
+    assert metrics.rule_verdict(1.0, 0.3) == "degraded"          # a pure scaling x0.7: cosine blind, L2 not
+    assert metrics.rule_verdict(1.0, 0.9) == "critical"          # x0.1
+    assert metrics.rule_verdict(float("nan"), 0.0) == "critical"
+    assert metrics.rule_verdict(1.0, float("nan")) == "critical"
+    assert metrics.rel_l2_at_cosine(0.99) == pytest.approx(0.1425, abs=1e-4)
+    assert metrics.rel_l2_at_cosine(0.95) == pytest.approx(0.3287, abs=1e-4)
+    # one rule in one place: the layer rule and the logit check read the same thresholds
+    assert lz.COS_HEALTHY == dv.COS_HEALTHY == metrics.COS_HEALTHY == 0.99
+    assert lz.COS_CRITICAL == dv.COS_CRITICAL == metrics.COS_CRITICAL == 0.95
 
 
 def test_logit_check_one_vector():
@@ -282,3 +290,68 @@ def test_kl_summary_names_non_finite_tokens():
     assert s["nonfinite"] == 1 and s["first_nonfinite"] == "text 0, token 1"
     clean = dv.kl_summary(dv.kl_token_stats([g], [g.clone()], [torch.tensor([1, 0, 1, 0])]))
     assert clean["nonfinite"] == 0 and clean["first_nonfinite"] is None
+
+
+# ---------------------------------------------------------------- the logit check sees scale
+SCALES = (0.1, 0.5, 0.7, 0.8, 0.9, 0.95, 1.05, 1.1, 1.2, 1.3, 1.5, 2.0, 10.0)
+
+
+def verdict_of_scale(s):
+    """What the layer rule says of logits times s: cosine 1, normalized L2 |s - 1|."""
+    rel = abs(s - 1)
+    return "healthy" if rel <= lz.rel_l2_at_cosine(0.99) else "degraded" if rel <= lz.rel_l2_at_cosine(0.95) \
+        else "critical"
+
+
+def pooled_row(golden, test):
+    """The per-layer table's `logits` row for these logits (what compare_layers accumulates)."""
+    acc = metrics.MetricAccumulator()
+    for g, t in zip(golden, test):
+        acc.update(t, g)
+    return {"module": "logits", "part": "logits", **acc.result()}
+
+
+@pytest.mark.parametrize("s", SCALES)
+def test_logit_check_sees_a_pure_scaling_as_the_layer_rule_does(s):
+    golden = logits_set()
+    test = [x * s for x in golden]
+    check = dv.logit_check(golden, test)
+    layer = lz.module_verdict(pooled_row(golden, test))
+    assert check["cosine_worst"] == pytest.approx(1.0) and check["top1_changed"] == 0   # cosine and top-1 are blind
+    assert check["rel_l2_mean"] == pytest.approx(abs(s - 1)) and check["rel_l2_worst"] == pytest.approx(abs(s - 1))
+    assert check["verdict"] == layer == verdict_of_scale(s), (s, check["verdict"], layer)
+    row = dv.logit_check_verdict(check)
+    assert row["verdict"] == dv.VERDICT_STATUS[layer] and "normalized L2" in row["detail"]
+    one = dv.logit_check(golden[0][-1], test[0][-1])              # the report's one reading, the same rule
+    assert one["verdict"] == verdict_of_scale(s)
+
+
+def test_logit_check_rule_names_both_bars():
+    check = dv.logit_check(logits_set(), logits_set())
+    for text in ("0.99", "0.95", "0.142", "0.329", "normalized L2"):
+        assert text in check["rule"], text
+
+
+@pytest.mark.parametrize("s", [0.1, 0.7, 1.3, 10.0])
+def test_final_norm_scaled_logit_check_and_logits_row_agree(s):
+    """The fault of the lab: the final norm's weight times s scales every logit. The logit check over every
+    position and the per-layer table's propagated `logits` row give the same verdict, the layer rule's."""
+    golden = tiny_qwen2()
+    bad = copy.deepcopy(golden)
+    with torch.no_grad():
+        bad.model.norm.weight.mul_(s)
+    ids = prompts(3)
+    check = dv.logit_check(dv.corpus_logits(golden, ids), dv.corpus_logits(bad, ids))
+    rows = lz.compare_layers(bad, ids, lz.golden_layer_capture(golden, ids), "propagated")
+    logits_row = next(r for r in rows if r["part"] == "logits")
+    assert lz.module_verdict(logits_row) == check["verdict"] == verdict_of_scale(s)
+    row = dv.logit_check_verdict(check, rows)
+    assert row["verdict"] == dv.VERDICT_STATUS[verdict_of_scale(s)]
+    assert f"logits row (propagated): {lz.module_verdict(logits_row)}" in row["detail"], row["detail"]
+
+
+def test_small_noise_still_reads_healthy_and_large_noise_does_not():
+    golden = logits_set()
+    assert dv.logit_check(golden, with_noise(golden, 0.05))["verdict"] == "healthy"
+    assert dv.logit_check(golden, with_noise(golden, 0.2))["verdict"] == "degraded"
+    assert dv.logit_check(golden, with_noise(golden, 0.5))["verdict"] == "critical"

@@ -83,3 +83,28 @@ def test_tied_lm_head_fault_is_attributed_to_the_shared_matrix(fixture_model):
         assert first["module"] == "model.embed_tokens", (mode, first)  # not a layer-0 fault
         text = lz.describe(first, ties)
         assert "lm_head.weight" in text and "tied" in text, text
+
+
+@pytest.mark.parametrize("s", [0.1, 0.7, 1.3, 10.0])
+def test_final_norm_scaling_reads_the_same_in_the_logit_check_and_the_logits_row(fixture_model, s):
+    """The final norm's weight times s scales every logit of the fixture: cosine stays 1.000 (x0.1 is a mean KL of
+    about 4 nats), so only the normalized L2 sees it, in the logit check as in the per-layer `logits` row."""
+    golden, ids, cap = fixture_model
+    bad = faulty(golden, lambda m: m.model.norm.weight.mul_(s))
+    check = dv.logit_check(dv.corpus_logits(golden, ids), dv.corpus_logits(bad, ids))
+    row = next(r for r in lz.compare_layers(bad, ids, cap, "propagated") if r["part"] == "logits")
+    expected = "healthy" if abs(s - 1) <= 0.1425 else "degraded" if abs(s - 1) <= 0.3287 else "critical"
+    assert check["cosine_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert check["verdict"] == lz.module_verdict(row) == expected, (s, check["verdict"], row)
+
+
+def test_the_fixture_int4_twin_reads_healthy_on_the_mean(fixture_model):
+    """Int4 rounding of the fixture is healthy on the mean by the same rule (its rare far positions keep their
+    own worst and p1 verdicts)."""
+    from utils import models
+    from utils.fixture import fixture_paths
+    golden, ids, _ = fixture_model
+    int4 = models.load_model(fixture_paths()["int4"], "cpu")
+    check = dv.logit_check(dv.corpus_logits(golden, ids), dv.corpus_logits(int4, ids))
+    assert check["verdict_mean"] == "healthy", {k: v for k, v in check.items() if k != "rule"}
+    assert check["rel_l2_mean"] < 0.142 and check["cosine_mean"] > 0.99

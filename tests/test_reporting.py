@@ -60,7 +60,7 @@ def test_report_shows_lab04_logit_check_and_non_finite_verdicts(tmp_path):
                  "first module with NaN/Inf: model.layers.2.mlp",
                  f"| first module failing the rule (propagated) | FAIL | model.layers.2.mlp: non-finite ({nf} NaN/Inf",
                  "| KL statistics | FAIL | non-finite: KL is NaN/Inf at ",
-                 f"| healthy copy | OK | {healthy['positions']} positions of 2 prompts: worst 1.0000 (healthy",
+                 f"| healthy copy | OK | {healthy['positions']} positions of 2 prompts, cosine / normalized L2: worst 1.0000 / 0 (healthy",
                  "top-1 changed at 0 positions", "Rule: the verdict is that of the mean cosine"):
         assert text in md, text
     assert "first module with NaN/Inf: model.layers.2.mlp" in page and "top-1 changed %" in page

@@ -1,9 +1,9 @@
 """Where does precision break? Golden vs Int4 (or golden vs device) at the logits.
 
 Two views of the output (utils.localize goes layer by layer):
-- the experiment report's logit check, cosine and MSE with its thresholds (cosine >= 0.99 healthy;
-  < 0.95 critical: suspected silent data corruption, SDC 静默数据损坏), read at every position of
-  every evaluated prompt, not only at one prompt's last token;
+- the experiment report's logit check, read at every position of every evaluated prompt, not only at one
+  prompt's last token, by the course's one rule (utils.metrics.rule_verdict, the per-layer table's): cosine
+  (direction) AND normalized L2 (size), so a fault that scales every logit (cosine 1.000) is seen;
 - llama.cpp's KL-divergence statistics over a corpus (what `llama-perplexity --kl-divergence` prints).
 Memory: the golden model's logits go to the CPU before the test model is loaded.
 """
@@ -16,21 +16,17 @@ from typing import Any, Iterable
 import torch
 
 from .capture import model_device
-from .metrics import COS_CRITICAL, COS_HEALTHY
+from .localize import first_nonfinite, module_verdict
+from .metrics import COS_CRITICAL, COS_HEALTHY, rel_l2_at_cosine, rule_verdict  # the rule's one place
 PERCENTILES = (("max", 100.0), ("99.9%", 99.9), ("99%", 99.0), ("95%", 95.0), ("90%", 90.0),
                ("median", 50.0), ("10%", 10.0), ("5%", 5.0), ("1%", 1.0), ("min", 0.0))
 VERDICT_STATUS = {"healthy": "ok", "degraded": "warn", "critical": "fail", "non-finite": "fail"}
-LOGIT_RULE = (f"the verdict is that of the mean cosine over all positions (the report's reading, taken at every "
-              f"position): >= {COS_HEALTHY} healthy, < {COS_CRITICAL} critical (suspected SDC), degraded between; "
-              f"a worst position below {COS_CRITICAL} makes a healthy mean read degraded (one position can be "
-              "SDC); worst and p1 carry their own verdicts; any NaN/Inf in the logits reads non-finite")
-
-
-def cosine_verdict(cos: float, healthy: float = COS_HEALTHY, critical: float = COS_CRITICAL) -> str:
-    """'healthy' / 'degraded' / 'critical' by the report's thresholds; NaN is critical."""
-    if not math.isfinite(cos) or cos < critical:
-        return "critical"
-    return "healthy" if cos >= healthy else "degraded"
+LOGIT_RULE = (f"the verdict is that of the mean cosine and the mean normalized L2 over all positions, by the "
+              f"per-layer table's rule: cosine >= {COS_HEALTHY} and normalized L2 <= "
+              f"{rel_l2_at_cosine(COS_HEALTHY):.3f} healthy; cosine < {COS_CRITICAL} or normalized L2 > "
+              f"{rel_l2_at_cosine(COS_CRITICAL):.3f} critical (suspected SDC); degraded between. A worst position "
+              "that reads critical makes a healthy mean read degraded (one position can be SDC); worst and p1 carry "
+              "their own verdicts; any NaN/Inf in the logits reads non-finite")
 
 
 def free() -> None:
@@ -57,42 +53,49 @@ def _as_positions(x) -> list[torch.Tensor]:
 
 
 def logit_check(golden, test, healthy: float = COS_HEALTHY, critical: float = COS_CRITICAL) -> dict[str, Any]:
-    """The report's check at every position: per position cosine, MSE and top-1 of test vs golden logits.
+    """The report's check at every position: per position cosine, normalized L2, MSE and top-1 of test vs golden.
 
     golden, test: per prompt [T, vocab] logits (a list), or one [vocab] vector (the report's one reading).
-    Returns worst, p1 and mean cosine, each with its verdict, the overall verdict by LOGIT_RULE, how
-    often the top-1 token changed, and NaN/Inf counted (the statistics are then over finite positions).
+    Returns worst, p1 (the 1 % tail) and mean of cosine and normalized L2, each pair with its verdict by
+    utils.metrics.rule_verdict, the overall verdict by LOGIT_RULE, how often the top-1 token changed, and
+    NaN/Inf counted (the statistics are then over finite positions).
     """
     gs, ts = _as_positions(golden), _as_positions(test)
     if len(gs) != len(ts) or any(g.shape != t.shape for g, t in zip(gs, ts)):
         raise ValueError(f"logits differ in shape {[tuple(g.shape) for g in gs][:3]} vs "
                          f"{[tuple(t.shape) for t in ts][:3]}: the two models must share a vocabulary "
                          "(same tokenizer) and see the same prompts.")
-    cos, mse, changed, bad, where = [], [], [], [], []
+    cos, rel, mse, changed, bad, where = [], [], [], [], [], []
     for k, (g, t) in enumerate(zip(gs, ts)):
         g, t = g.double(), t.double()
         cos.append(torch.nn.functional.cosine_similarity(t, g, dim=-1))
+        err, ref = torch.linalg.vector_norm(t - g, dim=-1), torch.linalg.vector_norm(g, dim=-1)
+        rel.append(torch.where(ref > 0, err / ref, torch.where(err == 0, 0.0, math.inf)))
         mse.append(((t - g) ** 2).mean(-1))
         changed.append(t.argmax(-1) != g.argmax(-1))
         bad.append((~torch.isfinite(t)).sum(-1) + (~torch.isfinite(g)).sum(-1))
         where += [(k, p) for p in range(g.shape[0])]
-    cos, mse, changed, bad = torch.cat(cos), torch.cat(mse), torch.cat(changed), torch.cat(bad)
+    cos, rel, mse, changed, bad = torch.cat(cos), torch.cat(rel), torch.cat(mse), torch.cat(changed), torch.cat(bad)
     finite = bad == 0
     at = lambda i: f"prompt {where[i][0]}, position {where[i][1]}"  # noqa: E731
     out: dict[str, Any] = {"prompts": len(gs), "positions": int(cos.numel()), "nonfinite": int(bad.sum()),
                            "nonfinite_positions": int((~finite).sum()),
                            "first_nonfinite": at(int((~finite).nonzero()[0])) if not finite.all() else None}
-    c = cos[finite]
+    c, r = cos[finite], rel[finite]
     if c.numel():
-        worst = int(torch.nonzero(finite)[int(c.argmin())])
+        # the worst position by the rule: the lower of its cosine and the cosine its L2 bar belongs to
+        by_rule = torch.minimum(c, 1.0 / torch.sqrt(1.0 + r**2))
         out |= {"cosine_worst": float(c.min()), "cosine_p1": float(torch.quantile(c, 0.01)),
-                "cosine_mean": float(c.mean()), "worst_at": at(worst),
+                "cosine_mean": float(c.mean()), "rel_l2_worst": float(r.max()),
+                "rel_l2_p1": float(torch.quantile(r, 0.99)), "rel_l2_mean": float(r.mean()),
+                "worst_at": at(int(torch.nonzero(finite)[int(by_rule.argmin())])),
                 "mse_mean": float(mse[finite].mean()), "mse_max": float(mse[finite].max())}
     else:
-        out |= {k: float("nan") for k in ("cosine_worst", "cosine_p1", "cosine_mean", "mse_mean", "mse_max")}
+        out |= {k: float("nan") for k in ("cosine_worst", "cosine_p1", "cosine_mean", "rel_l2_worst", "rel_l2_p1",
+                                          "rel_l2_mean", "mse_mean", "mse_max")}
         out["worst_at"] = None
     for stat in ("worst", "p1", "mean"):
-        out[f"verdict_{stat}"] = cosine_verdict(out[f"cosine_{stat}"], healthy, critical)
+        out[f"verdict_{stat}"] = rule_verdict(out[f"cosine_{stat}"], out[f"rel_l2_{stat}"], healthy, critical)
     verdict = out["verdict_mean"]
     if verdict == "healthy" and out["verdict_worst"] == "critical":
         verdict = "degraded"
@@ -103,26 +106,38 @@ def logit_check(golden, test, healthy: float = COS_HEALTHY, critical: float = CO
     return out
 
 
+def _logits_row(layer_rows: list[dict] | None) -> str:
+    """The per-layer table's propagated `logits` row read by the same rule: the two must agree on a scaling."""
+    row = next((r for r in layer_rows or [] if r.get("part") == "logits" and r.get("mode") == "propagated"), None)
+    if row is None:
+        return ""
+    verdict = module_verdict(row)
+    if verdict == "non-finite":
+        return f"; per-layer logits row (propagated): {verdict}"
+    return (f"; per-layer logits row (propagated): {verdict} (cosine {row['cosine']:.4f}, normalized L2 "
+            f"{row['rel_l2']:.3g}, its prompts)")
+
+
 def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = None,
                         name: str = "logit check, all positions (report thresholds)") -> dict[str, str]:
-    """The lab's verdict row for a logit_check: status, every statistic with its verdict, top-1 changes;
-    non-finite logits named with the count and the first module that has them (from layer_rows)."""
+    """The lab's verdict row for a logit_check: status, every statistic with its verdict, top-1 changes, and the
+    per-layer table's logits row beside it (from layer_rows); non-finite logits named with the count and the
+    first module that has them."""
     if check["nonfinite"]:
-        from .localize import first_nonfinite
         first = first_nonfinite(layer_rows or [])
         detail = (f"non-finite: {check['nonfinite']} NaN/Inf logits at {check['nonfinite_positions']} of "
                   f"{check['positions']} positions, first at {check['first_nonfinite']}; first module with "
                   f"NaN/Inf: {first['module'] if first else 'none in the layer comparison'}")
     elif check["positions"] == 1:
-        detail = (f"cosine {check['cosine_worst']:.5f}, MSE {check['mse_mean']:.3g}, top-1 "
-                  f"{'changed' if check['top1_changed'] else 'same'}: {check['verdict']}")
+        detail = (f"cosine {check['cosine_worst']:.5f}, normalized L2 {check['rel_l2_worst']:.3g}, MSE "
+                  f"{check['mse_mean']:.3g}, top-1 {'changed' if check['top1_changed'] else 'same'}: {check['verdict']}")
     else:
-        detail = (f"{check['positions']} positions of {check['prompts']} prompts: worst "
-                  f"{check['cosine_worst']:.4f} ({check['verdict_worst']}, {check['worst_at']}), p1 "
-                  f"{check['cosine_p1']:.4f} ({check['verdict_p1']}), mean {check['cosine_mean']:.4f} "
-                  f"({check['verdict_mean']}); MSE mean {check['mse_mean']:.3g}; top-1 changed at "
-                  f"{check['top1_changed']} positions ({check['top1_changed_pct']:.1f} %): "
-                  f"{check['verdict']}. Rule: {check['rule']}")
+        stat = lambda s: f"{check[f'cosine_{s}']:.4f} / {check[f'rel_l2_{s}']:.3g} ({check[f'verdict_{s}']}"  # noqa: E731
+        detail = (f"{check['positions']} positions of {check['prompts']} prompts, cosine / normalized L2: worst "
+                  f"{stat('worst')}, worst position {check['worst_at']}), p1 {stat('p1')}), mean {stat('mean')}); "
+                  f"MSE mean {check['mse_mean']:.3g}; top-1 changed at {check['top1_changed']} positions "
+                  f"({check['top1_changed_pct']:.1f} %): {check['verdict']}{_logits_row(layer_rows)}. "
+                  f"Rule: {check['rule']}")
     return {"check": name, "verdict": VERDICT_STATUS[check["verdict"]], "detail": detail}
 
 
@@ -238,7 +253,6 @@ def kl_verdict(kl: dict[str, Any], layer_rows: list[dict] | None = None) -> dict
     """The lab's verdict row for kl_summary: the headline statistics, or non-finite named with the count,
     the first token and the first module that has NaN/Inf (from layer_rows)."""
     if kl["nonfinite"]:
-        from .localize import first_nonfinite
         first = first_nonfinite(layer_rows or [])
         return {"check": "KL statistics", "verdict": "fail",
                 "detail": f"non-finite: KL is NaN/Inf at {kl['nonfinite']} of {kl['tokens']} tokens, first at "

@@ -5,7 +5,8 @@ fed the golden input of that module, PyTorch Numeric Suite's shadow comparison: 
 The modules, in execution order: the token embedding, each decoder layer's parts (input_layernorm,
 self_attn, post_attention_layernorm, mlp) then the layer, the final norm, the logits.
 
-The rule a module passes (module_verdict): cosine >= 0.99 AND normalized L2 <= sqrt(1/0.99^2 - 1) = 0.142
+The rule a module passes (module_verdict, utils.metrics.rule_verdict; Lab 04's logit check reads the same one):
+cosine >= 0.99 AND normalized L2 <= sqrt(1/0.99^2 - 1) = 0.142
 (SQNR >= 16.9 dB). Cosine sees only direction: a pure change of scale (a norm weight halved) keeps cosine
 1.000 while normalized L2 reads 0.5. The L2 bar is the one noise orthogonal to the signal reaches at
 the same cosine, so for noise-like error the two agree and only an error along the signal (a scale)
@@ -21,25 +22,17 @@ from typing import Any
 import torch
 
 from .capture import decoder_layers, forward_capture, hooked_modules, hooks, model_device, module_label
-from .metrics import COS_CRITICAL, COS_HEALTHY, MetricAccumulator
+from .metrics import COS_CRITICAL, COS_HEALTHY, MetricAccumulator, rel_l2_at_cosine, rule_verdict
 
 _SEVERITY = {"healthy": 0, "degraded": 1, "critical": 2, "non-finite": 3}
 
 
-def rel_l2_at_cosine(cos: float) -> float:
-    """The normalized L2 of an error orthogonal to the reference that gives this cosine: sqrt(1/c^2 - 1)."""
-    return math.sqrt(1.0 / cos**2 - 1.0)
-
-
 def module_verdict(row: dict[str, Any], healthy: float = COS_HEALTHY, critical: float = COS_CRITICAL) -> str:
-    """'healthy' / 'degraded' / 'critical' by cosine AND normalized L2 (the module docstring's rule),
-    'non-finite' when the output or the reference held NaN/Inf."""
+    """The rule (utils.metrics.rule_verdict: cosine AND normalized L2) on one module's row; 'non-finite' when
+    the output or the reference held NaN/Inf."""
     if row.get("nonfinite") or row.get("ref_nonfinite"):
         return "non-finite"
-    cos, rel = row["cosine"], row["rel_l2"]
-    if not (cos >= critical and rel <= rel_l2_at_cosine(critical)):  # NaN fails too
-        return "critical"
-    return "healthy" if cos >= healthy and rel <= rel_l2_at_cosine(healthy) else "degraded"
+    return rule_verdict(row["cosine"], row["rel_l2"], healthy, critical)
 
 
 # ---------------------------------------------------------------- capture and compare

@@ -21,6 +21,26 @@ UNIT_ROUNDOFF = {
 }
 
 
+# The course's one rule for "is this output the reference?", read by the per-layer table and the logit check
+# alike: cosine (direction) AND normalized L2 (size). Each cosine bar c has its L2 bar sqrt(1/c^2 - 1), the L2
+# that noise at right angles to the signal reaches at that cosine: for noise-like error the two agree, and an
+# error along the signal (a change of scale, which leaves cosine at 1) is caught by the L2 bar alone.
+COS_HEALTHY = 0.99   # the experiment report's threshold: at or above (and L2 <= 0.142), healthy
+COS_CRITICAL = 0.95  # below (or L2 > 0.329): critical, suspected silent data corruption (SDC, 静默数据损坏)
+
+
+def rel_l2_at_cosine(cos: float) -> float:
+    """The normalized L2 of an error orthogonal to the reference that gives this cosine: sqrt(1/c^2 - 1)."""
+    return math.sqrt(1.0 / cos**2 - 1.0)
+
+
+def rule_verdict(cosine: float, rel_l2: float, healthy: float = COS_HEALTHY, critical: float = COS_CRITICAL) -> str:
+    """'healthy' / 'degraded' / 'critical' by cosine AND normalized L2 against the bars above; NaN is critical."""
+    if not (cosine >= critical and rel_l2 <= rel_l2_at_cosine(critical)):  # NaN fails both comparisons
+        return "critical"
+    return "healthy" if cosine >= healthy and rel_l2 <= rel_l2_at_cosine(healthy) else "degraded"
+
+
 def _pair(out: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if out.shape != ref.shape:
         raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
