@@ -9,10 +9,6 @@ import math
 
 import torch
 
-# The report's cosine thresholds, shared by the logit check (divergence) and the layer walk (localize).
-COS_HEALTHY = 0.99   # at or above: healthy
-COS_CRITICAL = 0.95  # below: critical, suspected SDC (静默数据损坏)
-
 # Unit roundoff u = eps/2 of each format (the largest relative error of one rounding).
 UNIT_ROUNDOFF = {
     torch.float64: 2.0**-53, torch.float32: 2.0**-24, "tf32": 2.0**-11,
