@@ -79,6 +79,8 @@ CONFIG_FAULTS = {  # case: (role, config changes, the field the message must nam
     "Int4: intermediate_size 768 -> 512": ("int4", {"intermediate_size": 512}, "intermediate_size"),
     "Int4: hidden_size 256 -> 128": ("int4", {"hidden_size": 128}, "hidden_size"),
     "Int4: num_key_value_heads 2 -> 1": ("int4", {"num_key_value_heads": 1}, "num_key_value_heads"),
+    "model_type llama (no attention bias) over Qwen2 weights": ("golden", {"model_type": "llama"}, "attention_bias"),
+    "layer_types of 4 layers, num_hidden_layers 6": ("golden", {"layer_types": ["full_attention"] * 4}, "layer_types"),
     "hidden_size a string '256'": ("golden", {"hidden_size": "256"}, "hidden_size"),
     "num_hidden_layers 0": ("golden", {"num_hidden_layers": 0}, "num_hidden_layers"),
 }
@@ -89,6 +91,11 @@ def test_config_that_disagrees_with_the_weights_is_refused_naming_the_field(tmp_
     role, changes, field = CONFIG_FAULTS[case]
     folder = edit_config(copy_model(tmp_path, role), **changes)
     refused(folder, f"{role}_model", "model folder", case, field, "config.json")
+
+
+def test_a_field_the_architecture_ignores_is_not_refused(tmp_path):
+    folder = edit_config(copy_model(tmp_path), attention_bias=False)   # Qwen2's q/k/v carry a bias whatever it says
+    assert all(r["ok"] for r in models.check_model(folder, "golden_model"))
 
 
 def test_tied_config_with_a_separate_lm_head_in_the_weights_is_refused(tmp_path):
@@ -111,6 +118,7 @@ GPTQ_FAULTS = {  # case: (quantization_config changes, the field the message mus
     "group_size 128 -> -1 (one group)": ({"group_size": -1}, "group_size"),
     "group_size 128 -> 0": ({"group_size": 0}, "group_size"),
     "sym a string 'yes'": ({"sym": "yes"}, "sym"),
+    "lm_head true (the output layer is not packed)": ({"lm_head": True}, "lm_head"),
     "desc_act a string 'false'": ({"desc_act": "false"}, "desc_act"),
 }
 

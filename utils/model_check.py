@@ -193,7 +193,8 @@ def config_rows(path: str | Path, param: str) -> tuple[list[dict], list[str]]:
             row("num_key_value_heads", f"{kv} (× {hd_text} {head_dim} = {kv * head_dim})",
                 got, f"{where} out_features", ok=kv * head_dim == got)
         bias = f"{where}.bias" in shapes
-        want = cfg.get("attention_bias", cfg.get("model_type") == "qwen2")   # Qwen2's q/k/v always carry one
+        # Qwen2's q/k/v always carry a bias (its code ignores attention_bias); Llama-style models read the field
+        want = True if cfg.get("model_type") == "qwen2" else cfg.get("attention_bias", False)
         row("attention_bias", want, bias, f"{where}.bias {'present' if bias else 'absent'}; transformers would "
             + ("drop it" if bias else "start it at zero"))
     head = next((n for n in ("lm_head.weight", "lm_head.qweight") if n in shapes), None)
@@ -205,6 +206,11 @@ def config_rows(path: str | Path, param: str) -> tuple[list[dict], list[str]]:
     elif not tie and not head:
         problems.append("tie_word_embeddings is false in config.json, but the weights hold no lm_head.weight: "
                         "transformers would start the output layer from random numbers")
+    if quant is not None and isinstance(q.get("lm_head", False), bool) and q.get("lm_head", False) != (
+            head == "lm_head.qweight"):
+        problems.append(f"quantization_config.lm_head is {str(q.get('lm_head', False)).lower()} in config.json, but "
+                        f"the weights hold {head or 'no lm_head'}: the output layer is "
+                        f"{'' if head == 'lm_head.qweight' else 'not '}GPTQ-packed")
     qname = next((f"{ln}.self_attn.q_proj" for ln in layers.values() if f"{ln}.self_attn.q_proj.qweight" in shapes), None)
     if quant is not None and qname and hidden:
         qw, sc = shapes[f"{qname}.qweight"][1], (shapes.get(f"{qname}.scales") or ("", (0,)))[1]
