@@ -22,14 +22,15 @@ LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 NORMS = ("input_layernorm", "post_attention_layernorm")
 # Where a tokenizer's vocabulary can live (transformers reads any one of these sets).
 VOCAB_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("vocab.txt",))
-TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "vocab.json")
 MIN_VOCAB_SHARE = 0.9   # embeddings are padded a little past the tokenizer (Qwen2.5: 151665 tokens, 151936 rows)
 _LAYER = re.compile(r"^(.*?)layers\.(\d+)\.(.+)$")
-_CONFIG_FIX = ("To fix: config.json and the weights must come from one model: restore config.json from where the model came "
-               "from, or fetch the folder again (Lab 02 re-downloads a modelscope id; the embedded fixture: "
-               "git checkout -- fixtures)")
-_TOKENIZER_FIX = ("To fix: a model folder needs its own tokenizer files (tokenizer.json and tokenizer_config.json for Qwen): "
-                  "copy them from where the model came from, or fetch the folder again")
+_CONFIG_FIX = ("To fix: config.json and the weights must come from one model: restore config.json from where "
+               "the model came from, or fetch the folder again (Lab 02 re-downloads a modelscope id; the embedded "
+               "fixture: git checkout -- fixtures)")
+_TOKENIZER_FIX = ("To fix: a model folder needs its own tokenizer files (tokenizer.json and tokenizer_config.json "
+                  "for Qwen): copy them from where the model came from, or fetch the folder again")
 _CACHE: dict[tuple, list[dict]] = {}
 
 
@@ -158,7 +159,8 @@ def config_rows(path: str | Path, param: str) -> tuple[list[dict], list[str]]:
         problems.append(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     tie = cfg.get("tie_word_embeddings", _tie_default(cfg.get("model_type")))
     if not isinstance(tie, bool):
-        problems.append(f"config.json: tie_word_embeddings is {tie!r} (a {type(tie).__name__}); it must be true or false")
+        problems.append(f"config.json: tie_word_embeddings is {tie!r} (a {type(tie).__name__}); it must be true "
+                        "or false")
     q = cfg.get("quantization_config") or {}
     gptq = str(q.get("quant_method", "")).lower() == "gptq"
     quant = _quant_fields(path, q, param, problems) if gptq else None
@@ -211,7 +213,8 @@ def config_rows(path: str | Path, param: str) -> tuple[list[dict], list[str]]:
         problems.append(f"quantization_config.lm_head is {str(q.get('lm_head', False)).lower()} in config.json, but "
                         f"the weights hold {head or 'no lm_head'}: the output layer is "
                         f"{'' if head == 'lm_head.qweight' else 'not '}GPTQ-packed")
-    qname = next((f"{ln}.self_attn.q_proj" for ln in layers.values() if f"{ln}.self_attn.q_proj.qweight" in shapes), None)
+    qname = next((f"{ln}.self_attn.q_proj" for ln in layers.values() if f"{ln}.self_attn.q_proj.qweight" in shapes),
+                 None)
     if quant is not None and qname and hidden:
         qw, sc = shapes[f"{qname}.qweight"][1], (shapes.get(f"{qname}.scales") or ("", (0,)))[1]
         bits = qw[0] * 32 / hidden
@@ -257,7 +260,8 @@ def tokenizer_rows(path: str | Path, param: str, rows_in_embedding: int | None) 
         partial = [f"{' + '.join(fs)} (missing {', '.join(f for f in fs if not (path / f).is_file())})"
                    for fs in VOCAB_FILES if len(fs) > 1 and any((path / f).is_file() for f in fs)]
         problems.append(f"{path} has no tokenizer vocabulary: none of "
-                        f"{', '.join(' + '.join(fs) for fs in VOCAB_FILES)}" + (f"; found {partial[0]}" if partial else ""))
+                        f"{', '.join(' + '.join(fs) for fs in VOCAB_FILES)}"
+                        + (f"; found {partial[0]}" if partial else ""))
     for name in TOKENIZER_JSON:
         if (path / name).is_file():
             try:
