@@ -130,9 +130,12 @@ def logit_check_verdict(check: dict[str, Any], layer_rows: list[dict] | None = N
                   f"NaN/Inf: {first['module'] if first else 'none in the layer comparison'}")
     elif check["positions"] == 1:
         detail = (f"cosine {check['cosine_worst']:.5f}, normalized L2 {check['rel_l2_worst']:.3g}, MSE "
-                  f"{check['mse_mean']:.3g}, top-1 {'changed' if check['top1_changed'] else 'same'}: {check['verdict']}")
+                  f"{check['mse_mean']:.3g}, top-1 {'changed' if check['top1_changed'] else 'same'}: "
+                  f"{check['verdict']}")
     else:
-        stat = lambda s: f"{check[f'cosine_{s}']:.4f} / {check[f'rel_l2_{s}']:.3g} ({check[f'verdict_{s}']}"  # noqa: E731
+        def stat(s: str) -> str:
+            return f"{check[f'cosine_{s}']:.4f} / {check[f'rel_l2_{s}']:.3g} ({check[f'verdict_{s}']}"
+
         detail = (f"{check['positions']} positions of {check['prompts']} prompts, cosine / normalized L2: worst "
                   f"{stat('worst')}, worst position {check['worst_at']}), p1 {stat('p1')}), mean {stat('mean')}); "
                   f"MSE mean {check['mse_mean']:.3g}; top-1 changed at {check['top1_changed']} positions "

@@ -332,7 +332,8 @@ def check_quant_config(path: str | Path, expected: dict | None = None) -> list[d
     return rows
 
 
-def _safetensors_header(path: Path) -> dict:
+def safetensors_header(path: Path) -> dict:
+    """{tensor name: {"dtype", "shape", "data_offsets"}} of one safetensors file, read without loading a tensor."""
     with open(path, "rb") as fh:
         n = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(n))
@@ -350,7 +351,7 @@ def count_parameters(path: str | Path) -> int:
     bits = int(quant_config(path).get("bits", 4) or 4)
     total = 0
     for f in sorted(path.glob("*.safetensors")):
-        for name, meta in _safetensors_header(f).items():
+        for name, meta in safetensors_header(f).items():
             shape = meta["shape"]
             n = 1
             for s in shape:

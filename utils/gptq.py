@@ -64,6 +64,19 @@ def pack_int32(codes: torch.Tensor, bits: int = 4, dim: int = 0) -> torch.Tensor
     return word.to(torch.int32).movedim(-1, dim).contiguous()          # row-major, as a checkpoint stores it
 
 
+def packed_shapes(n_in: int, n_out: int, bits: int, group_size: int) -> dict[str, tuple[int, ...]]:
+    """The shapes a GPTQ layer's tensors have for in_features n_in and out_features n_out (the layout above):
+    qweight [in * bits / 32, out], qzeros [groups, out * bits / 32], scales [groups, out], g_idx [in], with
+    groups = ceil(in / group_size), one group for group_size -1. What the model check compares headers with."""
+    if bits not in (2, 3, 4, 8):
+        raise ValueError(f"bits={bits}: GPTQ packs 2, 3, 4 or 8 bits")
+    if group_size != -1 and group_size < 1:
+        raise ValueError(f"group_size={group_size}: a whole number >= 1, or -1 (one group)")
+    groups = 1 if group_size == -1 else -(-n_in // group_size)
+    return {"qweight": (n_in * bits // 32, n_out), "qzeros": (groups, n_out * bits // 32), "scales": (groups, n_out),
+            "g_idx": (n_in,)}
+
+
 def _check_format(format: str) -> None:
     if format not in FORMATS:
         raise ValueError(f"format={format!r}: use 'gptq' (v1, zeros stored minus one) or 'gptq_v2'")

@@ -6,18 +6,19 @@ and must not care which. GPTQ checkpoints load through transformers' own GPTQ in
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .model_check import check_model, read_json  # noqa: F401 - check_model: the labs call models.check_model
 
-def _config(path: str | Path) -> dict:
+
+def _config(path: str | Path, param: str = "model") -> dict:
     cfg = Path(path) / "config.json"
     if not cfg.is_file():
         raise FileNotFoundError(
-            f"{path} is not a model folder (no config.json): give the folder of a transformers "
+            f"{param}: {path} is not a model folder (no config.json): give the folder of a transformers "
             "checkpoint, e.g. the one Lab 02 fetched or fixtures/tiny-qwen2-gsm/bf16."
         )
-    return json.loads(cfg.read_text(encoding="utf-8"))
+    return read_json(cfg, param)
 
 
 def is_gptq(path: str | Path) -> bool:
@@ -26,10 +27,11 @@ def is_gptq(path: str | Path) -> bool:
     return str(q.get("quant_method", "")).lower() == "gptq"
 
 
-def load_tokenizer(path: str | Path):
+def load_tokenizer(path: str | Path, param: str = "model"):
+    """The folder's tokenizer, once check_model found its files present, loadable and matching the embedding."""
     from transformers import AutoTokenizer
 
-    _config(path)
+    check_model(path, param)
     return AutoTokenizer.from_pretrained(str(path))
 
 
@@ -51,6 +53,30 @@ def default_dtype(path: str | Path, device: str):
 # device is "cuda" on ROCm, so its CUDA-only declaration passes): never "auto" on ROCm.
 ROCM_SAFE_GPTQ = ("gptq_torch", "gptq_triton")
 GPTQ_ENV = "QUANTLAB_GPTQ_BACKEND"
+# Every name gptq_backend accepts, and where the kernel comes from: the one list every check reads. GPTQModel's
+# are its kernels for GPTQ (v1) checkpoints and its own choosers (tests/test_model_check.py checks them against
+# GPTQModel's table); a kernel of this project joins by adding its name here with "quant-lab".
+GPTQ_KERNELS = {name: "gptqmodel" for name in (
+    "auto", "auto_trainable", "gptq_torch", "gptq_torch_aten", "gptq_torch_fused", "gptq_torch_int8", "gptq_triton",
+    "gptq_marlin", "gptq_machete", "gptq_exllama_v2", "gptq_bitblas", "gptq_swordfish", "gptq_w4afp8",
+    "gptq_w4a_nvfp4", "mlx")}
+
+
+def kernel_name(requested="auto") -> tuple[str, str]:
+    """(the kernel asked for, where it was set): $QUANTLAB_GPTQ_BACKEND if set, else `requested` (empty: auto).
+    An unknown name is a ValueError naming the variable or the parameter and the valid kernels, before any
+    loading."""
+    import os
+
+    env = os.environ.get(GPTQ_ENV, "").strip()
+    raw = env or str(requested if requested is not None else "").strip() or "auto"
+    source = f"${GPTQ_ENV}" if env else "gptq_backend"
+    chosen = raw.lower()
+    if chosen not in GPTQ_KERNELS:
+        fix = (f"set {GPTQ_ENV} to one of them or unset it (it overrides the labs' gptq_backend parameter)" if env
+               else "set gptq_backend to one of them (auto lets the course choose)")
+        raise ValueError(f"{source}={raw!r} is not a GPTQ kernel: the kernels are {', '.join(GPTQ_KERNELS)}; {fix}")
+    return chosen, source
 
 
 def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
@@ -63,11 +89,7 @@ def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe
     kernel, which downloads CUTLASS and compiles it at load time; offline that fails with a URLError
     (measured on the device machine). The Triton kernel needs only Triton.
     """
-    import os
-
-    env = os.environ.get(GPTQ_ENV, "").strip().lower()
-    chosen = env or str(requested or "auto").strip().lower()
-    source = f"${GPTQ_ENV}" if env else "gptq_backend"
+    chosen, source = kernel_name(requested)
     on_cpu = str(device).startswith("cpu")
     rocm = False
     if not on_cpu:
@@ -98,13 +120,16 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
     """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration,
     with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model).
 
-    A damaged weight file fails naming `param`, the file and what to do (not safetensors' bare error).
+    Before anything loads: the kernel name (kernel_name), the weight files (a damaged one fails naming `param`,
+    the file and what to do), and config.json against the weights' shapes (check_model).
     """
     from transformers import AutoModelForCausalLM
 
     from .fetch import check_weight_files
 
+    kernel_name(backend)
     check_weight_files(path, param)
+    check_model(path, param, tokenizer=False)
 
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}
