@@ -16,9 +16,10 @@ The rule the scan applies:
   - a scale factor: a multiplier followed by larger, smaller, wider, narrower, more or fewer;
   - a statistic's level: a percentage followed by interval, CI or confidence, or in a sentence that defines
     a percentile.
-- Any other figure is a measurement. It is allowed only on a line that names a machine (H100, H200,
-  RTX 4090, MI300, CPU, ...) and a date (YYYY-MM-DD); a markdown table row may take them from its
-  header row. Otherwise read it through utils.kept_runs in a code cell, or name the machine and date.
+- Any other figure is a measurement. It is allowed only in a sentence (markdown, soft-wrapped lines joined),
+  a table row or a comment line that names a machine (H100, H200, RTX 4090, MI300, CPU, ...) and a date
+  (YYYY-MM-DD); a table row may take them from its header row. Otherwise read it through utils.kept_runs
+  in a code cell, or name the machine and date.
 """
 from __future__ import annotations
 
@@ -55,17 +56,15 @@ DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 
 
 def measured(line: str) -> list[str]:
-    """The figures on a line that the rule counts as measurements."""
+    """The figures in a sentence that the rule counts as measurements."""
     found = []
     for m in FIGURE.finditer(line):
         before, after = line[:m.start()], line[m.end():]
         unit = (m.group(2) or "").lower()
         if SETTING.search(before) or SETTING_AFTER.match(after):
             continue
-        if unit in ("×", "x") and (re.match(r"\s*\d", after) or re.search(r"\d\s*$", before) and before.rstrip()[-1:] in "×x"
-                                   or re.match(r"\s*\(", after)
-                                   or re.match(r"\s*(larger|smaller|wider|narrower|more|fewer)\b", after, re.I)):
-            continue
+        if unit in ("×", "x") and re.match(r"\s*(\d|\(|(larger|smaller|wider|narrower|more|fewer)\b)", after, re.I):
+            continue                                # a shape, a formula or a scale factor
         if unit == "%" and (re.match(r"\s*(interval|CI|confidence)\b", after, re.I) or "percentile" in line):
             continue
         if VERDICT.match(after):

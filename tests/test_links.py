@@ -131,9 +131,8 @@ def repo_path(token: str, doc: Path, root: Path = ROOT) -> list[Path] | None:
     else:
         bases = [b for b in dict.fromkeys((doc.parent, root)) if (b / first).exists()]
     places = [Path(os.path.normpath(b / token)) for b in bases]
-    if not places or all(ignored(p, root) for p in places if not is_glob(str(p))) and not any(
-            is_glob(str(p)) for p in places):
-        return None
+    if not places or not is_glob(token) and all(ignored(p, root) for p in places):
+        return None                                 # an output: runs/, .whl/, ...
     return places
 
 
@@ -178,107 +177,6 @@ def problems(root: Path = ROOT) -> list[str]:
             if not ok:
                 found.append(f"{rel}: `{token}` is not in the repository"
                              + (f" (nor at {', '.join(sorted(revs))})" if revs else ""))
-    return found
-
-
-@lru_cache(maxsize=None)
-def tree_at(rev: str, root: Path = ROOT) -> frozenset[str]:
-    """Every file and folder at a revision (empty if the clone lacks it)."""
-    done = git("ls-tree", "-r", "--name-only", rev, cwd=root)
-    files = done.stdout.split() if done.returncode == 0 else []
-    dirs = {str(p) for f in files for p in PurePosixPath(f).parents if str(p) != "."}
-    return frozenset(files) | frozenset(dirs)
-
-
-@lru_cache(maxsize=None)
-def tracked(root: Path = ROOT) -> frozenset[str]:
-    return frozenset(git("ls-files", cwd=root).stdout.split())
-
-
-def ignored(path: Path, root: Path = ROOT) -> bool:
-    rel = os.path.relpath(path, root)
-    return not rel.startswith("..") and git("check-ignore", "-q", "--no-index", rel, cwd=root).returncode == 0
-
-
-def is_glob(token: str) -> bool:
-    return any(ch in token for ch in "*?[")
-
-
-def exists(path: Path, root: Path) -> bool:
-    """A path (or a glob that matches something) in the working tree."""
-    if is_glob(str(path)):
-        base = root if path.is_relative_to(root) else path.anchor
-        return any(Path(base).glob(str(path.relative_to(base))))
-    return path.exists()
-
-
-def at_revs(rel: str, revs: set[str], root: Path) -> bool:
-    """The path (or glob) at one of the revisions."""
-    rel = rel.rstrip("/")
-    return any(any(p == rel or fnmatch.fnmatch(p, rel) for p in tree_at(r, root)) for r in revs)
-
-
-def repo_path(token: str, doc: Path, root: Path = ROOT) -> list[Path] | None:
-    """The places a backticked token may name (under the document's folder or the root), or None when the
-    token is not a repository path by the rule in the module docstring."""
-    if " " in token or "://" in token or token.startswith(("/", "-")) or PLACEHOLDER.search(token):
-        return None
-    if "/" not in token:
-        return [doc.parent / token, root / token] if token.endswith(SOURCE_EXTENSIONS) else None
-    first = token.split("/")[0]
-    if first in ("..", "."):
-        bases = [doc.parent]
-    elif is_glob(first):
-        bases = [doc.parent, root]
-    else:
-        bases = [b for b in dict.fromkeys((doc.parent, root)) if (b / first).exists()]
-    places = [Path(os.path.normpath(b / token)) for b in bases]
-    if not places or all(ignored(p, root) for p in places if not is_glob(str(p))) and not any(
-            is_glob(str(p)) for p in places):
-        return None
-    return places
-
-
-def problems(root: Path = ROOT) -> list[str]:
-    """Every dead pointer in the covered documents, as 'document: what'."""
-    found = []
-    names = {PurePosixPath(p).name for p in tracked(root)}
-    for rel, text in documents(root).items():
-        doc = root / rel
-        prose = without_code_blocks(text)
-        revs = {m.group(1) for m in GIT_SHOW.finditer(text)}
-        for m in GIT_SHOW.finditer(text):
-            if git("cat-file", "-e", f"{m.group(1)}:{m.group(2)}", cwd=root).returncode != 0:
-                found.append(f"{rel}: `git show {m.group(1)}:{m.group(2)}` does not resolve in this clone")
-        for m in GIT_TAG.finditer(prose):
-            if git("rev-parse", "-q", "--verify", f"refs/tags/{m.group(1)}", cwd=root).returncode != 0:
-                found.append(f"{rel}: the git tag {m.group(1)!r} does not exist in this clone")
-        for m in list(LINK.finditer(prose)) + list(IMAGE.finditer(prose)):
-            target = next(g for g in m.groups() if g)
-            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):
-                continue                                  # http:, mailto:, ...
-            path, _, anchor = target.partition("#")
-            dest = (doc.parent / path).resolve() if path else doc
-            if path and not dest.exists():
-                found.append(f"{rel}: link to {target} leads nowhere")
-                continue
-            if anchor and dest.is_file() and dest.suffix in (".md", ".ipynb"):
-                dest_text = text if dest == doc else documents(root).get(str(dest.relative_to(root))) \
-                    or dest.read_text()
-                if anchor not in anchors(dest_text, notebook=dest.suffix == ".ipynb"):
-                    found.append(f"{rel}: link to {target}: no heading gives the anchor #{anchor}")
-        for m in BACKTICK.finditer(prose):
-            token = m.group(1).strip()
-            places = repo_path(token, doc, root)
-            if places is None:
-                continue
-            if "/" not in token and token in names:
-                continue
-            rels = [str(p.relative_to(root)) if p.is_relative_to(root) else "" for p in places]
-            if any(exists(p, root) for p in places) or at_revs(rels[-1] or token, revs, root):
-                continue
-            found.append(f"{rel}: `{token}` is not in the repository" + (f" (nor at {', '.join(sorted(revs))})"
-                                                                           if revs else ""))
     return found
 
 

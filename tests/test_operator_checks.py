@@ -1,0 +1,124 @@
+"""utils.operator_checks: Lab 05's experiments, on the CPU (Triton through its interpreter) at small sizes."""
+import math
+
+import pytest
+import torch
+
+from utils import metrics, numerics
+from utils import operator_checks as checks
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    gen = torch.Generator().manual_seed(0)
+    A, B = torch.randn(32, 256, generator=gen), torch.randn(256, 32, generator=gen)
+    rows, outs = checks.gemm_precision(A, B, "cpu")
+    return A, B, {r["case"]: r for r in rows}, outs
+
+
+def test_gemm_precision_runs_what_the_interpreter_can_and_says_why_not(gemm):
+    _, _, rows, outs = gemm
+    assert list(rows) == [c for c, _, _ in checks.GEMM_CASES]
+    assert rows["bf16"]["status"] == "skipped: the interpreter has no bfloat16" and "bf16" not in outs
+    assert rows["fp32 tf32"]["status"] == "ran as ieee: the interpreter ignores input_precision"
+    assert rows["fp16"]["status"] == "ran"
+
+
+def test_gemm_precision_measures_against_float64_of_the_rounded_inputs(gemm):
+    A, B, rows, outs = gemm
+    ours, theirs, ref = outs["fp16"]
+    assert torch.equal(ref, A.half().double() @ B.half().double())
+    assert rows["fp16"]["ours rel_l2"] == metrics.relative_l2(ours, ref)
+    assert rows["fp16"]["ours rel_l2"] <= checks.case_bound("fp16", 256)
+    assert rows["fp16"]["ULPs ours vs torch (max)"] == int(numerics.ulp_distance(ours, theirs).max())
+
+
+def test_case_bound_gives_tf32_its_own_bound():
+    assert checks.case_bound("fp32 tf32", 1024) == metrics.matmul_error_bound("tf32", 1024)
+    assert checks.case_bound("fp32 tf32x3", 1024) == metrics.matmul_error_bound(torch.float32, 1024)
+    assert checks.case_bound("bf16", 64) == metrics.matmul_error_bound(torch.bfloat16, 64)
+    assert checks.case_bound("fp32 tf32", 1024) > checks.case_bound("fp32 ieee", 1024)
+
+
+def test_a_fixed_atol_fails_one_ulp_that_the_derived_tolerance_passes():
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randn(16, 1024, generator=gen).half(), torch.randn(1024, 16, generator=gen).half()
+    c = (a.float() @ b.float()).half()
+    ref = a.double() @ b.double()
+    tol = numerics.gemm_tolerance(torch.float16, 1024)
+    rows = checks.tolerance_rows(c, c, ref, numerics.elementwise_bound(a, b, torch.float16), tol)
+    assert rows["torch vs itself"] == {"max ULPs": 0, "atol=1e-2": "pass", "derived tolerance": "pass",
+                                       "within bound of fp64": True}
+    one_up = rows["torch vs torch + 1 ULP"]
+    assert (one_up["max ULPs"], one_up["atol=1e-2"], one_up["derived tolerance"]) == (1, "FAIL", "pass")
+
+
+def test_accumulation_sweep_fp16_accumulator_loses_more_as_k_grows():
+    rows = checks.accumulation_sweep([64, 4096], "cpu", rows=8)
+    assert [(r["dist"], r["K"]) for r in rows] == [("rand", 64), ("rand", 4096), ("randn", 64), ("randn", 4096)]
+    rand = [r for r in rows if r["dist"] == "rand"]
+    assert rand[1]["emulated float16 acc"] > 4 * rand[0]["emulated float16 acc"]
+    assert all(r["emulated float32 acc"] < 2**-10 for r in rows)       # only the fp16 output's rounding
+    fig = checks.plot_accumulation(rows)
+    assert [ax.get_title() for ax in fig.axes] == ["fp16 inputs, rand", "fp16 inputs, randn"]
+
+
+def test_grouped_errors_every_kernel_within_the_bound_an_empty_group_included():
+    table, _ = checks.grouped_errors([8, 0, 5], "cpu", torch.Generator().manual_seed(0), k=64, n=16)
+    assert "ours (pointers)" in table and "torch.matmul loop" in table
+    assert all(r["rel_l2"] <= r["bound (rel_l2)"] for r in table.values())
+
+
+def test_int_accumulator_cases_wrap_and_saturate():
+    rows = {(r["inputs"], r["K"]): r for r in checks.int_accumulator_cases(ks=(4, 1024))}
+    r = rows[("int8 all 127", 4)]
+    assert r["exact"] == 4 * 127 * 127 == 64516
+    assert (r["int16 saturate"], r["int16 wrap"], r["int32 wrap"]) == (32767, 64516 - 65536, 64516)
+    assert rows[("int8 all -128", 1024)]["exact"] == 1024 * 128 * 128
+
+
+def test_int8_overflow_names_what_the_kernel_did():
+    k = 140_000                                     # 127 * 127 * k passes 2**31 - 1
+    row = checks.int8_overflow("torch._int_mm", 127, k, "cpu")
+    exact = 127 * 127 * k
+    assert (row["exact"], row["int32 saturate"], row["int32 wrap"]) == (exact, 2**31 - 1, exact - 2**32)
+    assert row["behaviour"] in ("exact", "wrapped", "saturated", "other") or row["behaviour"].startswith("error:")
+    if row["got"] is not None:
+        assert row["behaviour"] == {exact: "exact", exact - 2**32: "wrapped", 2**31 - 1: "saturated"}.get(row["got"], "other")
+
+
+def test_fp8_scaling_the_naive_fp16_scale_makes_nan_of_zeros_the_fixed_one_matches_torchao():
+    rows = checks.fp8_scaling_rows()
+    tiny = [r for r in rows if r["x (fp16)"] == [0.0, 0.0, 1e-3, 1e-3]]
+    assert any(r["NaNs naive"] > 0 for r in tiny)               # 1/scale overflows fp16: 0 * inf
+    assert all(r["== torchao amax_to_scale"] for r in rows)
+    assert all(not any(math.isnan(v) for v in r["fixed dequant"]) for r in rows)
+    assert checks.fp8_scale_matches_torchao(torch.tensor([0.0, 1e-30, 3.5, 1e5]))
+
+
+def test_e4m3_cast_reads_saturating_or_not():
+    xs = torch.tensor([300.0, 448.0, 470.0, 500.0, float("inf"), float("nan")])
+    columns, mode = checks.e4m3_cast(xs, "cpu")
+    assert columns["e4m3fn saturating (ref)"][3] == 448.0
+    assert math.isnan(columns["e4m3fn non-saturating (ref)"][3])
+    got = columns[f"torch {torch.__version__} .to() on cpu"]
+    expected = "saturating" if got[3] == 448.0 else "non-saturating" if math.isnan(got[3]) else "neither"
+    assert mode == expected
+
+
+def test_mx_comparison_is_bit_exact_under_torchao_rules_and_names_where_the_spec_differs():
+    cases = checks.mx_cases(2, torch.Generator().manual_seed(0))
+    assert all(t.shape == (2, 256) for t in cases.values())
+    assert math.isnan(cases["a NaN in every block"][0, 5]) and cases["+Inf in every block"][1, 41] == math.inf
+    rows = checks.mx_comparison({k: cases[k] for k in ("random", "+Inf in every block")})
+    verdict = {(r["case"], r["elem"]): r["bit-exact vs torchao"] for r in rows}
+    assert verdict[("random", "mxfp8")] == "under both rules"
+    assert verdict[("+Inf in every block", "mxfp8")] == "under torchao rules"
+
+
+def test_platform_tolerance_rows_end_with_the_reported_rocm_case():
+    trip = {"quantized_on": "cpu", "run_on": "cpu", "format": "torch.save", "max_abs_diff": 0.0,
+            "assert_close_default": "passed", "relative_l2": 0.0, "derived_bound": 1e-5, "derived_bound_passes": True}
+    rows = checks.platform_tolerance_rows([trip], 100.0)
+    assert rows[0]["pair"] == "cpu -> cpu (torch.save)" and rows[0]["derived check"] == "pass"
+    assert rows[-1]["max abs diff"] == checks.ROCM_REPORTED_MAX_ABS and rows[-1]["derived bound (rel L2)"] == 1e-5
