@@ -223,3 +223,80 @@ def test_int4_twin_loads_and_generates_through_transformers_gptq():
         assert hasattr(m, "qweight") and m.qweight.dtype == torch.int32, name
         assert type(m).__module__.startswith("gptqmodel"), (name, type(m))
     assert _few_shot_accuracy(PATHS["int4"]) >= 0.5
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fixture_accuracy", fixture.REPO / "scripts" / "fixture_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recorded_accuracy_is_of_the_committed_weights_and_problems():
+    # The one place the fixture's accuracy is quoted from; it is refused once weights or problems change.
+    rec = fixture.read_accuracy()
+    for key in fixture.MODELS:
+        e = rec["models"][key]
+        assert e["n"] == len(e["strict_match_correct"]) == fixture.N_TEST
+        assert e["accuracy"]["strict-match"]["acc"] == pytest.approx(e["strict_match_correct"].count("1") / e["n"])
+        assert 0.5 < e["accuracy"]["strict-match"]["acc"] < 0.98  # a model that can lose something
+
+
+def test_docs_show_the_recorded_accuracy():
+    fixture_accuracy = _script()
+    docs = fixture_accuracy.DOCS.read_text()
+    assert fixture_accuracy.docs_with_table(docs, fixture.accuracy_table(fixture.read_accuracy())) == docs
+
+
+def test_cpu_tiny_lab03_problems_include_flips():
+    # Lab 03's paired test needs discordant pairs: problems one model gets right and the other wrong.
+    import yaml
+
+    profile = yaml.safe_load((fixture.REPO / "ci" / "profiles" / "cpu-tiny.yaml").read_text())
+    limit = profile["labs"]["03_eval"]["gsm8k_limit"]
+    assert len(fixture.flipped(fixture.read_accuracy(), limit)) >= 2
+
+
+def _copy_fixture(tmp_path):
+    import shutil
+
+    root = tmp_path / "fx"
+    for part in ("data", "bf16", "gptq-int4"):
+        shutil.copytree(fixture.FIXTURE_DIR / part, root / part)
+    shutil.copy(fixture.ACCURACY, root / "accuracy.json")
+    return root
+
+
+@pytest.mark.parametrize("change", ["weights", "problems", "missing"])
+def test_a_stale_accuracy_record_is_refused(tmp_path, change):
+    root = _copy_fixture(tmp_path)
+    fixture.read_accuracy(root, root / "accuracy.json")  # the copy as shipped is accepted
+    if change == "weights":
+        w = root / "gptq-int4" / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:-1] + b"\0")
+    elif change == "problems":
+        t = root / "data" / "test.jsonl"
+        t.write_text(t.read_text().replace("apples", "pears", 1))
+    else:
+        (root / "accuracy.json").unlink()
+    with pytest.raises(ValueError, match=r"accuracy.json.*fixture_accuracy.py --record") as err:
+        fixture.read_accuracy(root, root / "accuracy.json")
+    record("fixture accuracy", f"accuracy.json after the fixture's {change} changed" if change != "missing"
+           else "accuracy.json missing", str(err.value))
+
+
+def test_fixture_accuracy_record_refuses_a_partial_or_foreign_run(capsys):
+    fixture_accuracy = _script()
+    paths = fixture.fixture_paths()
+    cases = {"another model as int4": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "int4"],
+             "a subset": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "golden",
+                          "--limit", "3", "--machine", "x"],
+             "no machine": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "golden"]}
+    for case, argv in cases.items():
+        assert fixture_accuracy.main(argv) == 2
+        message = capsys.readouterr().err
+        assert "--record" in message
+        record("fixture accuracy", f"--record with {case}", message)
+    assert fixture.read_accuracy()  # nothing was written
