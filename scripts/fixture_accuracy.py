@@ -4,7 +4,9 @@
         --data fixtures/tiny-qwen2-gsm/data --limit 500 --device cuda
 
 The data folder holds train.jsonl (few-shot examples) and test.jsonl (the problems) in the
-openai/gsm8k layout. Prints strict-match and flexible-extract accuracy +- stderr, and throughput;
+openai/gsm8k layout. With --record golden|int4 (that fixture model, its data, all problems) the result
+goes into fixtures/tiny-qwen2-gsm/accuracy.json, the one place the fixture's accuracy is quoted from,
+and docs/fixture.md's table is rendered from it. Prints strict-match and flexible-extract accuracy +- stderr, and throughput;
 lm-eval's own aggregated results and per-sample log go under --output (a temporary folder if unset).
 """
 from __future__ import annotations
@@ -21,6 +23,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from utils import evaluation as ev  # noqa: E402
+from utils import fixture  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "fixture.md"
+TABLE_START, TABLE_END = "<!-- accuracy table: rendered from accuracy.json -->", "<!-- end of accuracy table -->"
+
+
+def docs_with_table(text: str, table: str) -> str:
+    """docs/fixture.md with its accuracy table replaced by `table`."""
+    if TABLE_START not in text or TABLE_END not in text:
+        raise ValueError(f"{DOCS} lacks the markers {TABLE_START} ... {TABLE_END}")
+    head, rest = text.split(TABLE_START, 1)
+    return f"{head}{TABLE_START}\n{table}{TABLE_END}{rest.split(TABLE_END, 1)[1]}"
+
+
+def _check_record_args(args) -> str | None:
+    """Why --record cannot keep this run, or None."""
+    paths = fixture.fixture_paths()
+    if Path(args.model).resolve() != paths[args.record].resolve():
+        return f"--record {args.record}: --model must be {paths[args.record]}, got {args.model}"
+    if Path(args.data).resolve() != paths["test"].parent.resolve():
+        return f"--record: --data must be the fixture's {paths['test'].parent}, got {args.data}"
+    if args.limit is not None:
+        return "--record: only a run over every held-out problem is recorded; drop --limit"
+    if not args.machine:
+        return "--record: say which machine measured it, e.g. --machine '2-core CPU'"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="auto", help="auto (float32 CPU / bfloat16 GPU; GPTQ: bf16 / fp16)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--output", default=None, help="folder for lm-eval's outputs and summary.json")
+    ap.add_argument("--record", choices=fixture.MODELS, default=None,
+                    help="keep the result as this fixture model's accuracy (fixtures/tiny-qwen2-gsm/accuracy.json)")
+    ap.add_argument("--machine", default=None, help="with --record: the machine that measured it, in words")
     args = ap.parse_args(argv)
+    if args.record and (why := _check_record_args(args)):
+        print(f"fixture_accuracy: {why}", file=sys.stderr)
+        return 2
 
     batch = args.batch_size if str(args.batch_size).startswith("auto") else int(args.batch_size)
     out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="fixture_accuracy_"))
@@ -59,6 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = {k: v for k, v in run.items() if k != "problems"}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"  lm-eval outputs   {out}")
+    if args.record:
+        command = "scripts/fixture_accuracy.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        print(f"  recorded in       {fixture.record_accuracy(args.record, run, command, args.machine)}")
+        try:
+            table = fixture.accuracy_table(fixture.read_accuracy())
+        except ValueError as exc:
+            print(f"  docs table left as it is: {exc}")
+        else:
+            DOCS.write_text(docs_with_table(DOCS.read_text(), table))
+            print(f"  table rendered in {DOCS}")
     return 0
 
 

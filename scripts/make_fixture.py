@@ -97,7 +97,7 @@ def cmd_check(args) -> None:
     paths = fixture.fixture_paths(args.root)
     test = gsm_synth.read_gsm8k(paths["test"])[: args.n]
     shots = random.Random(1234).sample(gsm_synth.read_gsm8k(paths["train"]), 5)
-    for key in ("golden", "int4"):
+    for key in args.models:
         if not paths[key].is_dir():
             print(f"{key}: {paths[key]} missing")
             continue
@@ -116,6 +116,8 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--n", type=int, default=500, help="held-out problems for the quick check")
+    ap.add_argument("--models", nargs="+", choices=["golden", "int4"], default=["golden", "int4"],
+                    help="which models the quick check runs (an Int4 twin needs optimum and GPTQModel)")
     ap.add_argument("--root", default=None, help="fixture folder (default fixtures/tiny-qwen2-gsm)")
     args = ap.parse_args(argv)
     steps = ["data", "train", "quantize", "capture", "check"] if "all" in args.step else args.step

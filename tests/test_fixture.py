@@ -1,4 +1,5 @@
 """The embedded fixture: its problems are right, its splits are honest, its models are what we claim."""
+import itertools
 import json
 import random
 import re
@@ -6,6 +7,7 @@ import re
 import pytest
 import torch
 
+from bad_input_table import record
 from utils import fixture, gsm_synth, models
 
 PATHS = fixture.fixture_paths()
@@ -49,22 +51,104 @@ def test_committed_splits_are_the_generated_ones_and_disjoint(tmp_path):
     assert 0.15 < hard / len(test) < 0.45  # the two harder templates keep accuracy below 100%
 
 
-def _tuples(path):
-    return {gsm_synth.signature(r["question"]) for r in gsm_synth.read_gsm8k(path)}
+def _problems(path):
+    """(template, numbers, answer) of every problem in a split, read back from its text alone."""
+    return [(*gsm_synth.signature(r["question"]), int(gsm_synth.final_answer(r["answer"])))
+            for r in gsm_synth.read_gsm8k(path)]
 
 
-def test_held_out_problems_share_no_template_and_numbers_with_train():
-    # A name or an item is no new problem: every (template, numbers) tuple of the test split is unseen.
-    shared = _tuples(PATHS["train"]) & _tuples(PATHS["test"])
-    assert not shared, f"{len(shared)} (template, numbers) tuples in both splits, e.g. {sorted(shared)[:3]}"
-    assert {t for t, _ in _tuples(PATHS["test"])} == set(gsm_synth.TEMPLATES)  # the task mix is kept
+def _same_problems(test, train):
+    """Test problems that are a training problem with its numbers in another order (or the same
+    order) and the same answer: one template, one multiset of numbers, one answer. Whatever order
+    leaves a template's answer the same (3*7 for 7*3, a*b-g+d for b*a-g+d) is caught, whichever
+    templates there are."""
+    seen = {(t, tuple(sorted(n)), a) for t, n, a in train}
+    return [(t, n, a) for t, n, a in test if (t, tuple(sorted(n)), a) in seen]
 
 
-def test_the_training_stream_never_draws_a_test_tuple():
+def test_no_held_out_problem_is_a_training_problem_with_its_numbers_reordered():
+    test, train = _problems(PATHS["test"]), _problems(PATHS["train"])
+    shared = _same_problems(test, train)
+    assert not shared, f"{len(shared)} of {len(test)} test problems are training problems reordered, e.g. {shared[:3]}"
+    assert {t for t, _, _ in test} == set(gsm_synth.TEMPLATES)  # the task mix is kept
+
+
+def test_the_training_stream_never_draws_a_held_out_problem():
     # The golden model trains on an endless stream, not only on train.jsonl.
-    test = _tuples(PATHS["test"])
     stream = gsm_synth.iter_problems(gsm_synth.TRAIN_SEED, split="train")
-    assert not any((p["template"], p["numbers"]) in test for p in (next(stream) for _ in range(30000)))
+    drawn = [(p["template"], p["numbers"], p["result"]) for p in (next(stream) for _ in range(30000))]
+    assert not _same_problems(_problems(PATHS["test"]), drawn)
+
+
+def test_same_problems_finds_a_reordered_copy_under_every_answer_keeping_order():
+    # The check above would see each kind of copy: every order of the numbers that keeps the answer.
+    rng = random.Random(11)
+    for template in gsm_synth.TEMPLATES:
+        for _ in range(50):
+            p = gsm_synth.problem(rng, template)
+            for order in itertools.permutations(p["numbers"]):
+                copy = (template, order, p["result"])
+                assert _same_problems([copy], [(template, p["numbers"], p["result"])]) == [copy]
+    assert not _same_problems([("sub", (9, 4), 5)], [("sub", (4, 9), -5)])
+
+
+def _box_plus(rng):
+    """A template beside the shipped ones: a*b+c is the same computation as b*a+c, not as c*b+a."""
+    a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(2, 30)
+    q = f"Ali buys {a} boxes of pens with {b} pens in each box and {c} more pens. How many pens does Ali buy?"
+    s = f"Ali buys {a}*{b} = <<{a}*{b}={a * b}>>{a * b} pens in boxes.\nIn all {a * b}+{c} = <<{a * b}+{c}={a * b + c}>>{a * b + c} pens.\n#### {a * b + c}"
+    return q, s, a * b + c, (a, b, c)
+
+
+def _sum_of_three(rng):
+    a, b, c = (rng.randint(2, 40) for _ in range(3))
+    q = f"Bea has {a} coins, {b} coins and {c} coins. How many coins does Bea have?"
+    s = f"Bea has {a}+{b} = <<{a}+{b}={a + b}>>{a + b} and {a + b}+{c} = <<{a + b}+{c}={a + b + c}>>{a + b + c}.\n#### {a + b + c}"
+    return q, s, a + b + c, (a, b, c)
+
+
+@pytest.mark.parametrize("extra", [None, _box_plus, _sum_of_three])
+def test_split_of_puts_every_answer_keeping_order_of_the_numbers_in_one_split(extra, monkeypatch):
+    # Generic over templates, the shipped ones and two more: which orders leave the computation the
+    # same is read from each template's own worked solutions, never listed by hand.
+    if extra is not None:
+        monkeypatch.setitem(gsm_synth.TEMPLATES, extra.__name__, extra)
+    templates = [extra.__name__] if extra else sorted(gsm_synth.TEMPLATES)
+    rng = random.Random(5)
+    for template in templates:
+        for _ in range(200):
+            p = gsm_synth.problem(rng, template)
+            assert gsm_synth.answer_of(template, p["numbers"]) == p["result"]
+            for order in itertools.permutations(range(len(p["numbers"]))):
+                moved = tuple(p["numbers"][i] for i in order)
+                if gsm_synth.answer_of(template, moved) == p["result"]:
+                    assert gsm_synth.split_of(template, moved) == gsm_synth.split_of(template, p["numbers"])
+    if extra is _box_plus:
+        assert gsm_synth.symmetries("_box_plus") == ((0, 1, 2), (1, 0, 2))
+    if extra is _sum_of_three:
+        assert len(gsm_synth.symmetries("_sum_of_three")) == 6
+
+
+def test_symmetries_are_read_from_each_template():
+    assert {t: gsm_synth.symmetries(t) for t in gsm_synth.TEMPLATES} == {
+        "add": ((0, 1), (1, 0)), "mul": ((0, 1), (1, 0)), "sub": ((0, 1),), "times_together": ((0, 1),),
+        "half_more": ((0,),), "packs_three_steps": ((0, 1, 2, 3), (1, 0, 2, 3)),
+        "orchard_product": ((0, 1, 2), (1, 0, 2))}
+    # Every commuted pair of the small templates is one problem: both orders in one split.
+    for a in range(2, 13):
+        for b in range(2, 13):
+            assert gsm_synth.split_of("mul", (a, b)) == gsm_synth.split_of("mul", (b, a))
+
+
+def test_a_template_whose_steps_do_not_spell_its_result_is_refused(monkeypatch):
+    def no_steps(rng):
+        a = rng.randint(2, 9)
+        return f"Ali has {a} pens. How many?", f"He has them.\n#### {a * 3}", a * 3, (a,)
+
+    monkeypatch.setitem(gsm_synth.TEMPLATES, "no_steps", no_steps)
+    with pytest.raises(ValueError, match="template 'no_steps'.*<<expr=value>>") as err:
+        gsm_synth.split_of("no_steps", (4,))
+    record("fixture template", "a template whose worked solution has no <<expr=value>> steps", str(err.value))
 
 
 @pytest.mark.parametrize("template", sorted(gsm_synth.TEMPLATES))
@@ -139,3 +223,80 @@ def test_int4_twin_loads_and_generates_through_transformers_gptq():
         assert hasattr(m, "qweight") and m.qweight.dtype == torch.int32, name
         assert type(m).__module__.startswith("gptqmodel"), (name, type(m))
     assert _few_shot_accuracy(PATHS["int4"]) >= 0.5
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fixture_accuracy", fixture.REPO / "scripts" / "fixture_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recorded_accuracy_is_of_the_committed_weights_and_problems():
+    # The one place the fixture's accuracy is quoted from; it is refused once weights or problems change.
+    rec = fixture.read_accuracy()
+    for key in fixture.MODELS:
+        e = rec["models"][key]
+        assert e["n"] == len(e["strict_match_correct"]) == fixture.N_TEST
+        assert e["accuracy"]["strict-match"]["acc"] == pytest.approx(e["strict_match_correct"].count("1") / e["n"])
+        assert 0.5 < e["accuracy"]["strict-match"]["acc"] < 0.98  # a model that can lose something
+
+
+def test_docs_show_the_recorded_accuracy():
+    fixture_accuracy = _script()
+    docs = fixture_accuracy.DOCS.read_text()
+    assert fixture_accuracy.docs_with_table(docs, fixture.accuracy_table(fixture.read_accuracy())) == docs
+
+
+def test_cpu_tiny_lab03_problems_include_flips():
+    # Lab 03's paired test needs discordant pairs: problems one model gets right and the other wrong.
+    import yaml
+
+    profile = yaml.safe_load((fixture.REPO / "ci" / "profiles" / "cpu-tiny.yaml").read_text())
+    limit = profile["labs"]["03_eval"]["gsm8k_limit"]
+    assert len(fixture.flipped(fixture.read_accuracy(), limit)) >= 2
+
+
+def _copy_fixture(tmp_path):
+    import shutil
+
+    root = tmp_path / "fx"
+    for part in ("data", "bf16", "gptq-int4"):
+        shutil.copytree(fixture.FIXTURE_DIR / part, root / part)
+    shutil.copy(fixture.ACCURACY, root / "accuracy.json")
+    return root
+
+
+@pytest.mark.parametrize("change", ["weights", "problems", "missing"])
+def test_a_stale_accuracy_record_is_refused(tmp_path, change):
+    root = _copy_fixture(tmp_path)
+    fixture.read_accuracy(root, root / "accuracy.json")  # the copy as shipped is accepted
+    if change == "weights":
+        w = root / "gptq-int4" / "model.safetensors"
+        w.write_bytes(w.read_bytes()[:-1] + b"\0")
+    elif change == "problems":
+        t = root / "data" / "test.jsonl"
+        t.write_text(t.read_text().replace("apples", "pears", 1))
+    else:
+        (root / "accuracy.json").unlink()
+    with pytest.raises(ValueError, match=r"accuracy.json.*fixture_accuracy.py --record") as err:
+        fixture.read_accuracy(root, root / "accuracy.json")
+    record("fixture accuracy", f"accuracy.json after the fixture's {change} changed" if change != "missing"
+           else "accuracy.json missing", str(err.value))
+
+
+def test_fixture_accuracy_record_refuses_a_partial_or_foreign_run(capsys):
+    fixture_accuracy = _script()
+    paths = fixture.fixture_paths()
+    cases = {"another model as int4": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "int4"],
+             "a subset": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "golden",
+                          "--limit", "3", "--machine", "x"],
+             "no machine": ["--model", str(paths["golden"]), "--data", str(paths["test"].parent), "--record", "golden"]}
+    for case, argv in cases.items():
+        assert fixture_accuracy.main(argv) == 2
+        message = capsys.readouterr().err
+        assert "--record" in message
+        record("fixture accuracy", f"--record with {case}", message)
+    assert fixture.read_accuracy()  # nothing was written

@@ -11,6 +11,7 @@ on an H100; see that script). The committed files are the default, so no one nee
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
@@ -40,7 +41,7 @@ def fixture_paths(root: str | Path | None = None) -> dict[str, Path]:
 
 
 def make_data(root: str | Path | None = None) -> dict[str, Path]:
-    """Write the train and held-out test splits: separate seeds, disjoint (template, numbers) tuples."""
+    """Write the train and held-out test splits: separate seeds, disjoint problems (gsm_synth.split_of)."""
     paths = fixture_paths(root)
     test = gsm_synth.generate_split(N_TEST, gsm_synth.TEST_SEED, split="test")
     train = gsm_synth.generate_split(N_TRAIN, gsm_synth.TRAIN_SEED, split="train")
@@ -168,3 +169,85 @@ def quantize(golden: str | Path, out_dir: str | Path, n_calibration: int = 256,
     model.quantize(calibration, batch_size=16)
     model.save(str(out_dir))
     return Path(out_dir)
+
+
+# ---------------------------------------------------------------- the measured accuracy, in one place
+ACCURACY = FIXTURE_DIR / "accuracy.json"
+MODELS = ("golden", "int4")
+
+
+def data_digest(root: str | Path | None = None) -> dict[str, str]:
+    """sha256 (first 16 hex) of train.jsonl and test.jsonl: which problems a measurement used."""
+    import hashlib
+
+    paths = fixture_paths(root)
+    return {s: hashlib.sha256(paths[s].read_bytes()).hexdigest()[:16] for s in ("train", "test")}
+
+
+def record_accuracy(key: str, run: dict, command: str, machine: str, root: str | Path | None = None,
+                    path: str | Path | None = None) -> Path:
+    """Keep one fixture model's lm-eval result (utils.evaluation.run_gsm8k) in accuracy.json, with the
+    weights and data it was measured on, so that a stale figure is detected rather than quoted."""
+    from datetime import date
+
+    from .capture import weights_digest
+    from .results import atomic_write_json
+
+    if key not in MODELS:
+        raise ValueError(f"model {key!r}: the fixture's models are {MODELS}")
+    if run["settings"]["limit"] is not None or run["n"] != N_TEST:
+        raise ValueError(f"only a run over all {N_TEST} held-out problems is recorded; this one has {run['n']}")
+    path = Path(path) if path else ACCURACY
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("data") != data_digest(root):
+        record = {}                              # other problems: the other model's figure is stale too
+    record["data"] = data_digest(root)
+    record.setdefault("models", {})[key] = {
+        "revision": weights_digest(fixture_paths(root)[key]), "machine": machine, "date": date.today().isoformat(),
+        "command": command, "device": run["settings"]["device"], "dtype": str(run["settings"]["dtype"]),
+        "batch_size": run["settings"]["batch_size"], "gptq_kernels": run["settings"]["gptq_kernels"],
+        "lm_eval_version": run["settings"]["lm_eval_version"], "n": run["n"], "accuracy": run["accuracy"],
+        "strict_match_correct": "".join(str(p["strict-match"]) for p in run["problems"]),
+    }
+    return atomic_write_json(path, record)
+
+
+def read_accuracy(root: str | Path | None = None, path: str | Path | None = None) -> dict:
+    """The recorded accuracy of both fixture models; ValueError if it is not of the committed weights and data."""
+    from .capture import weights_digest
+
+    path = Path(path) if path else ACCURACY
+    redo = "re-measure with scripts/fixture_accuracy.py --record (docs/fixture.md)"
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist: {redo}")
+    record = json.loads(path.read_text())
+    if record.get("data") != data_digest(root):
+        raise ValueError(f"{path} was measured on other train/test files than {fixture_paths(root)['test'].parent}: {redo}")
+    for key in MODELS:
+        entry = record.get("models", {}).get(key)
+        if entry is None or entry["revision"] != weights_digest(fixture_paths(root)[key]):
+            raise ValueError(f"{path}: the {key} model's figure is missing or of other weights than "
+                             f"{fixture_paths(root)[key]}: {redo}")
+    return record
+
+
+def flipped(record: dict, limit: int | None = None) -> list[int]:
+    """Held-out problems (0-based) that one model gets right and the other wrong (strict-match)."""
+    g, q = (record["models"][k]["strict_match_correct"][:limit] for k in MODELS)
+    return [i for i, (a, b) in enumerate(zip(g, q)) if a != b]
+
+
+def accuracy_table(record: dict) -> str:
+    """The markdown table docs/fixture.md shows, rendered from accuracy.json."""
+    names = {"golden": "golden BF16 fixture", "int4": "GPTQ-Int4 twin"}
+    rows = ["| model | strict-match | flexible-extract | machine, date | device, dtype | kernel |",
+            "|---|---|---|---|---|---|"]
+    for key in MODELS:
+        e = record["models"][key]
+        acc = [f"{100 * e['accuracy'][f]['acc']:.2f} % ± {100 * e['accuracy'][f]['stderr']:.2f}"
+               for f in ("strict-match", "flexible-extract")]
+        rows.append(f"| {names[key]} | {acc[0]} | {acc[1]} | {e['machine']}, {e['date']} | {e['device']}, "
+                    f"{e['dtype']} | {', '.join(e['gptq_kernels'] or ['-'])} |")
+    n = len(flipped(record))
+    rows.append(f"\n{n} of {record['models']['golden']['n']} problems flip between the two (strict-match).")
+    return "\n".join(rows) + "\n"

@@ -9,16 +9,20 @@ task (prompt, filters, metric) runs on them unchanged:
 
 Seven templates: five easy ones (one or two steps, small numbers) and two harder ones (three
 steps; a two-digit by two-digit product) that keep a small model near a 7B model's GSM8K accuracy
-rather than at 100%. Train and test come from different seeds and from disjoint sets of
-(template, numbers) tuples (`split_of`), so no held-out problem differs from a trained one only by
-a name or an item.
+rather than at 100%. Train and test come from different seeds and from disjoint sets of problems
+(`split_of`): no held-out problem differs from a trained one only by a name, an item, or the order of
+numbers that its computation does not care about (3*7 is 7*3).
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import itertools
 import random
 import re
+from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -136,33 +140,119 @@ HARD_TEMPLATES = ("packs_three_steps", "orchard_product")
 
 TRAIN_SEED = 1234
 TEST_SEED = 98765
-# One in TEST_SHARE_INV (template, numbers) tuples of every template is reserved for the test split.
-# Why: a name or an item is no new problem; a held-out problem must have numbers the model never
-# saw in that template, or its accuracy is partly recall. Drawn from the same number ranges, the
-# test stays in distribution; the three small templates (mul: 88 tuples, half_more: 39,
-# times_together: 76) would otherwise be covered entirely by training.
+# One in TEST_SHARE_INV problems of every template is reserved for the test split (`split_of`).
+# Why: a name or an item is no new problem, nor is 7*3 after 3*7; a held-out problem must be one the
+# model never saw in that template, or its accuracy is partly recall. Drawn from the same number
+# ranges, the test stays in distribution; the three small templates (mul, half_more, times_together)
+# would otherwise be covered entirely by training.
 TEST_SHARE_INV = 5
 SPLITS = ("train", "test")
 
+_ANNOTATION = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+_TOKEN = re.compile(r"\d+|[-+*/()]")
 
-def split_of(template: str, numbers: tuple[int, ...]) -> str:
-    """"train" or "test": a fixed hash of the (template, numbers) tuple, the same on every machine."""
-    key = f"{template}:{','.join(map(str, numbers))}".encode()
+
+def _read_computation(rec: dict) -> str | None:
+    """The final answer as an expression over n0, n1, ... (positions in rec["numbers"]), read from
+    the worked solution's <<expr=value>> steps; None if a value could stand for two things."""
+    numbers, steps, expr = rec["numbers"], {}, None
+    for text, value in _ANNOTATION.findall(rec["answer"]):
+        parts = []
+        for tok in _TOKEN.findall(text):
+            hits = ([f"n{i}" for i, n in enumerate(numbers) if str(n) == tok]
+                    + ([f"({steps[tok]})"] if tok in steps else [])) if tok.isdigit() else [tok]
+            if len(hits) > 1:
+                return None
+            parts.append(hits[0] if hits else tok)   # a digit string nothing explains is a constant
+        expr = " ".join(parts)
+        steps[value.strip()] = expr
+    return expr
+
+
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+        ast.Div: lambda a, b: a / b}
+
+
+def _evaluate(node: ast.AST, numbers) -> Fraction:
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.left, numbers), _evaluate(node.right, numbers))
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return Fraction(node.value)
+    if isinstance(node, ast.Name) and re.fullmatch(r"n\d+", node.id):
+        return Fraction(numbers[int(node.id[1:])])
+    raise ValueError(f"unexpected term {ast.dump(node)} in a computation")
+
+
+@functools.lru_cache(maxsize=None)
+def _computation(name: str, template: Callable) -> tuple[ast.AST, int]:
+    """What `template` computes from its numbers, read from its own worked solutions: the expression
+    its steps most often spell out that also gives the result of every one of 400 draws."""
+    rng = random.Random(0)
+    draws = []
+    for _ in range(400):
+        q, s, c, numbers = template(rng)
+        draws.append({"answer": s, "result": c, "numbers": tuple(numbers)})
+    widths = {len(d["numbers"]) for d in draws}
+    read = Counter(e for e in map(_read_computation, draws) if e is not None)
+    for expr, _ in read.most_common():
+        tree = ast.parse(expr, mode="eval").body
+        if len(widths) == 1 and all(_evaluate(tree, d["numbers"]) == d["result"] for d in draws):
+            return tree, widths.pop()
+    raise ValueError(f"template {name!r}: its <<expr=value>> steps do not spell out a computation of "
+                     f"its numbers that gives its result; write every step as <<expr=value>>")
+
+
+def answer_of(template: str, numbers: tuple[int, ...]) -> Fraction:
+    """What `template` answers for `numbers` (in the template's order), by its own computation."""
+    tree, width = _computation(template, TEMPLATES[template])
+    if len(numbers) != width:
+        raise ValueError(f"template {template!r} takes {width} numbers, got {numbers!r}")
+    return _evaluate(tree, numbers)
+
+
+def symmetries(template: str) -> tuple[tuple[int, ...], ...]:
+    """The orders of a template's numbers that leave its computation the same function: for mul
+    (a*b) both orders, for a*b-g+d swapping a and b only, for sub the identity alone.
+
+    Checked at random large integers, where two different rational functions agree by chance with
+    negligible probability."""
+    tree, width = _computation(template, TEMPLATES[template])
+    rng = random.Random(1)
+    points = [[rng.randint(10**9, 10**18) for _ in range(width)] for _ in range(6)]
+    return tuple(p for p in itertools.permutations(range(width))
+                 if all(_evaluate(tree, [x[i] for i in p]) == _evaluate(tree, x) for x in points))
+
+
+def same_problem_key(template: str, numbers: tuple[int, ...], result=None) -> str:
+    """What makes two problems the same problem: the template, its numbers in any order, and the answer.
+
+    Every order that the computation does not care about (`symmetries`) gives the same key, and so
+    does any other order of the same numbers that happens to give the same answer.
+    """
+    result = answer_of(template, numbers) if result is None else Fraction(result)
+    return f"{template}:{','.join(map(str, sorted(numbers)))}={result}"
+
+
+def split_of(template: str, numbers: tuple[int, ...], result=None) -> str:
+    """"train" or "test": a fixed hash of the problem's `same_problem_key`, the same on every machine.
+
+    result: the answer if known (it is computed from the numbers otherwise)."""
+    key = same_problem_key(template, numbers, result).encode()
     return "test" if int(hashlib.sha256(key).hexdigest(), 16) % TEST_SHARE_INV == 0 else "train"
 
 
 def problem(rng: random.Random, template: str | None = None, split: str | None = None) -> dict:
     """One problem as a GSM8K record (question, answer) plus its template, numbers and integer result.
 
-    split: None draws from every tuple; "train" / "test" redraws the numbers (same template) until
-    the tuple belongs to that split, so each split is uniform over its own part of the same ranges.
+    split: None draws from every problem; "train" / "test" redraws the numbers (same template) until
+    the problem belongs to that split, so each split is uniform over its own part of the same ranges.
     """
     if split not in (None, *SPLITS):
         raise ValueError(f"split must be None, 'train' or 'test', got {split!r}")
     name = template or rng.choice(list(TEMPLATES))
     while True:
         q, s, c, numbers = TEMPLATES[name](rng)
-        if split is None or split_of(name, numbers) == split:
+        if split is None or split_of(name, numbers, c) == split:
             return {"question": q, "answer": s, "template": name, "numbers": numbers, "result": c}
 
 
