@@ -178,10 +178,10 @@ def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
             if f.stat().st_size > MAX_NOTEBOOK:
                 raise ValueError(f"larger than {MAX_NOTEBOOK >> 20} MiB")
             nb = nbformat.read(f, as_version=4)
+            lab = _lab_of(nb, ids) or (f.stem if f.stem in ids else None)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a row note, never an abort
             notes.append(f"{rel}: not a notebook (cannot be read as one: {type(e).__name__}: {str(e)[:120]})")
             continue
-        lab = _lab_of(nb, ids) or (f.stem if f.stem in ids else None)
         if lab is None:
             notes.append(f"{rel}: holds no lab's exercise cells and is not named <lab>.ipynb: not graded")
         elif lab not in chosen:
@@ -204,25 +204,27 @@ def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, ce
               timeout: float) -> dict:
     """Run one submission in the sandbox and score it here; the gradebook and hand-back get the same result."""
     t0 = time.perf_counter()
-    release = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
-    ran, notes = grade_key.cells_to_run(nb, release, key)
     tmp = Path(tempfile.mkdtemp(prefix="quantlab-grade-"))
-    work = tmp / "work"
-    work.mkdir()
+    executed = done = None
     try:
+        release = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
+        ran, notes = grade_key.cells_to_run(nb, release, key)
+        done = ran
+        work = tmp / "work"
+        work.mkdir()
         nbformat.write(ran, work / "run.ipynb")
         (work / "plan.json").write_text(json.dumps({"cell_timeout": cell_timeout,
                                                     "exercises": {ex: e.function for ex, e in key.items()}}))
         refs = {t for e in key.values() if (t := e.reference_target())}
         code = sandbox.prepare(work, refs)
         outcome = sandbox.run(mode, work, code, grade_key.inputs_for(key), timeout)
-        executed = tmp / "executed.ipynb"
         if (work / "out" / "executed.ipynb").is_file():
+            executed = tmp / "executed.ipynb"
             shutil.copy2(work / "out" / "executed.ipynb", executed)
-        try:
-            done = nbformat.read(executed, as_version=4) if executed.is_file() else ran
-        except Exception:  # noqa: BLE001 - the sandbox's files are the student's to spoil
-            done, executed = ran, None
+            try:
+                done = nbformat.read(executed, as_version=4)
+            except Exception:  # noqa: BLE001 - the sandbox's files are the student's to spoil
+                executed = None
         status, why_cell = _status(done, outcome, cell_timeout, timeout)
         exs = {}
         for ex, e in key.items():
@@ -233,14 +235,16 @@ def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, ce
             exs[ex] = (pts, e.points, why)
         result = {"student": student, "lab": lab, "status": status, "exercises": exs, "notes": notes}
     except Exception as e:  # noqa: BLE001 - one submission's failure is its row, never the round's
-        executed, done = None, None
+        executed = None
         result = {"student": student, "lab": lab, "status": f"grader error: {type(e).__name__}: {e}",
                   "exercises": {ex: (0.0, k.points, "not graded: grader error") for ex, k in key.items()}, "notes": []}
-    finally:
-        result_total(result, t0)
+    result_total(result, t0)
+    try:
         grade_report.write_gradebook(course, lab, student, {ex: v[0] for ex, v in result["exercises"].items()})
-        grade_report.hand_back(executed if done is not None else None, done or nbformat.v4.new_notebook(),
-                               course, lab, student, result)
+        grade_report.hand_back(executed, done or nbformat.v4.new_notebook(), course, lab, student, result)
+    except Exception as e:  # noqa: BLE001 - said in the row: the instructor must look at this one
+        result["status"] += f"; its gradebook entry or hand-back could not be written: {type(e).__name__}: {e}"
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
 

@@ -45,7 +45,8 @@ HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
 
 
 def _meta(cell) -> dict:
-    return cell.metadata.get("nbgrader", {})
+    m = cell.get("metadata", {}).get("nbgrader", {})
+    return m if isinstance(m, dict) else {}
 
 
 def answer_key(lab: str, nb_path: Path) -> dict[str, Exercise]:
