@@ -7,6 +7,7 @@ answer), `loop` (Lab 01 whose first exercise never returns) and `crash` (Lab 01 
 kills the kernel when called).
 """
 import csv
+import html
 import json
 import os
 import re
@@ -221,3 +222,16 @@ def test_blank_release_of_lab01_runs_end_to_end_on_the_references(release, tmp_p
     apply = next(c for c in nb.cells if c.get("id") == "ex01-apply")
     assert "ridge FLOP/byte" in apply.outputs[0]["data"]["text/plain"]
     assert (tmp_path / "run" / "01_env" / "results.json").is_file()
+
+
+def test_nbgrader_feedback_reads_the_same_scores(graded):
+    """nbgrader's own hand-back (generate_feedback) over the round: the gradebook's scores on the student's code."""
+    course = graded["out"] / "course"
+    r = subprocess.run([sys.executable, "-m", "nbgrader", "generate_feedback", "01_env", "--student", "wrong"],
+                       cwd=course, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])))
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = re.sub(r"<style.*?</style>|<script.*?</script>", "", (course / "feedback/wrong/01_env/01_env.html").read_text(), flags=re.S)
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+    assert "01_env (Score: 2.0 / 3.0)" in text
+    assert "return m * n * k" in text                       # the student's own (wrong) code
