@@ -199,7 +199,8 @@ def in_bwrap(tmp_path_factory):
     nb = add_helper(lab01(), _probe(paths) + "import sys\nfound = [p for r, _, fs in os.walk('/') if not r.startswith(('/proc', '/sys', '/usr', '/dev', '/etc', sys.prefix, sys.base_prefix))\n"
                     "         for p in [os.path.join(r, f) for f in fs] if os.path.getsize(p) < 10**6\n"
                     "         and ('20' + '39.0') in open(p, errors='ignore').read()]\n"
-                    "print('HIDDEN INPUTS FOUND' if found else 'no hidden inputs anywhere', found)")
+                    "print('HIDDEN INPUTS FOUND' if found else 'no hidden inputs anywhere', found)\n"
+                    "print('INTERFACES', sorted(ln.split(':')[0].strip() for ln in open('/proc/net/dev').readlines()[2:]))")
     set_solution(nb, "ridge_point", RIDGE.format(body="open(PATHS['source']).read().count('SOLUTION') and " + RIGHT_RIDGE))
     set_solution(nb, "gemm_intensity", "def gemm_intensity(m, n, k, bytes_per_element):\n"
                  "    sqlite3.connect(f\"file:{PATHS['gradebook']}?mode=ro\", uri=True).execute('select * from grade').fetchall()\n"
@@ -239,6 +240,7 @@ def test_bwrap_a_submission_cannot_read_the_answers_the_gradebook_or_others(in_b
     assert assert_one_record(in_bwrap, "reads_secrets") == {ex: 0.0 for ex in _full()}
     text = outputs_text(handback(in_bwrap["out"], "reads_secrets"))
     assert "no hidden inputs anywhere []" in text and "HIDDEN INPUTS FOUND" not in text
+    assert "INTERFACES ['lo']" in text                                  # no network: loopback only
     first = handback(in_bwrap["out"], "reads_secrets").cells[0].source
     assert first.count("FileNotFoundError") + first.count("OperationalError") >= 3, first
 
