@@ -1,10 +1,10 @@
 """Where a submission runs: bubblewrap (Debian's `bubblewrap`, what Flatpak uses), or nothing when asked by name.
 
-A submission sees, in bubblewrap: the system's /usr and /etc and the Python environment, read-only; a
-throw-away folder of its own (its notebook, the cells to run) at /submission, writable; a read-only
-copy of the course's `utils/` in which the exercises' references are stubs (`stub_references`: the
-answer key is not in the sandbox, under any name); an empty /tmp; no network (--unshare-all), no other
-process. Not there: the repository, the labs' source notebooks, the gradebook, other submissions, the
+A submission sees, in bubblewrap: the system's /usr, a few files of /etc and the Python environment,
+read-only; a throw-away folder of its own (its notebook, the cells to run) at /submission, writable; a
+read-only copy of the course's `utils/` in which the exercises' references are stubs
+(`stub_references`: the answer key is not in the sandbox, under any name); an empty /tmp; no network
+(--unshare-all), no other process. Not there: the repository, the labs' source notebooks, the gradebook, other submissions, the
 hidden cases until the student's cells are done (they come on stdin, ci/grade_driver.py).
 
 `none` runs the same driver as a plain process in the same throw-away folder with the same stubbed copy
@@ -26,6 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("auto", "bwrap", "none")
 FILE_LIMIT = 256 * 2**20          # bytes: the largest file a submission may write
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "hosts", "nsswitch.conf", "passwd", "group")
 STUB = ("raise __import__('utils.exercises', fromlist=['ReferenceCalled']).ReferenceCalled("
         "{name!r} + ' is the course\\'s reference for this exercise: not available while grading; write your own')")
 
@@ -109,7 +110,10 @@ def _bwrap_argv(work: Path, code: Path) -> list[str]:
             argv += ["--symlink", os.readlink(p), top]
         elif p.exists():
             argv += ["--ro-bind", top, top]
-    argv += ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for name in ETC:                      # what the loader, Python and the kernel need of /etc, no more
+        if os.path.exists(f"/etc/{name}"):
+            argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     prefixes = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
     for p in sorted(prefixes):
         if not p.startswith("/usr/"):
