@@ -50,6 +50,7 @@ def rebinds_checks():
                    "E.mismatch = lambda *a, **k: None\n"
                    "exercises.self_check = E.self_check")
     set_solution(nb, "ridge_point", "exercises.grade = lambda *a, **k: None   # in a solution cell too\n"
+                                    "exercises.self_check = lambda fn, cases, reference=None: fn\n"
                                     + RIDGE.format(body="0.0"))
     set_solution(nb, "gemm_intensity", "def gemm_intensity(m, n, k, bytes_per_element):\n    return 1.0\n")
     set_solution(nb, "matmul_error_bound", "def matmul_error_bound(dtype, k, safety=4.0):\n    return 0.0\n")
