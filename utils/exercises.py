@@ -185,7 +185,7 @@ def hint_for(case: Case, got: Any) -> str:
     return f". Hint: {hint}" if hint else ""
 
 
-def reference_used(fn: Callable, reference: Callable | None) -> str | None:
+def reference_used(fn: Callable, reference: Callable | None) -> str:
     """The sentence a graded notebook gets for a function that calls its exercise's reference."""
     return (f"{_name(fn)} calls the course's reference {reference_name(reference)}: "
             "the answer key is not an answer, so this exercise scores 0 when graded; write your own")
