@@ -1,68 +1,54 @@
-"""An instructor's grading round with nbgrader, in one command.
+"""An instructor's grading round, in one command; also the students' release.
 
-    python -m ci.grade --submissions SUBMISSIONS --out OUT [--labs 01_env,02_models] [--cell-timeout 30]
+    python -m ci.grade --release-only --out DIR                      # what students open and hand in
+    python -m ci.grade --submissions SUBMISSIONS --out OUT [--labs 01_env,02_models] [--sandbox auto]
 
 1. The lab notebooks (labs/NN/NN.ipynb, solutions and hidden tests in) are nbgrader's source; a new
-   course folder OUT/course gets them and `nbgrader generate_assignment` writes the student release
-   to OUT/course/release/<lab>/<lab>.ipynb (what students get: solutions blank, hidden tests gone).
-2. SUBMISSIONS/<student>/<lab>.ipynb (or nbgrader's own <student>/<lab>/<lab>.ipynb) are copied into
-   OUT/course/submitted/ and each (student, lab) is autograded by `nbgrader autograde` in its own
-   process and kernel, every cell under --cell-timeout, the whole submission under --timeout: a cell
-   that hangs is cut and the cells after it still run; a submission that crashes scores what it reached.
-3. OUT/grades.csv (one row per student, one column of points per exercise, and the total) and
-   OUT/summary.md + summary.json (pass rate per exercise, the most common failure message, time per
-   submission).
-
-Only the exercise cells are executed: before autograding, nbgrader's sanitize step (configured in
-OUT/course/nbgrader_config.py) drops every code cell that is not an nbgrader cell (KeepGradedCells),
-so no model is loaded and no GSM8K is run per student. The exercise sections are written for this:
-they need nothing from the rest of the lab.
+   course folder OUT/course gets them and `nbgrader generate_assignment` writes the student release to
+   OUT/course/release/<lab>/<lab>.ipynb (solutions blank, hidden tests gone) and the gradebook's tables.
+2. Every entry of SUBMISSIONS gets a row in OUT/grades.csv: a student's folder is graded, anything else
+   says why not. In a student's folder, each notebook is graded as the lab whose exercises it holds
+   (found from its cells), whatever its name; a notebook with no exercise cells counts by its name
+   (<lab>.ipynb); when two hold the same lab, the one named <lab>.ipynb is graded and the other noted.
+3. Each (student, lab) runs in its own sandbox (ci/sandbox.py) on a throw-away copy: the lab's exercise
+   setup cell, the student's solution and added cells, the course's check cells, every cell under
+   --cell-timeout, the whole under --timeout. The points are computed here, outside it (ci/grade_key.py):
+   what the student's functions returned against the expected values, hidden cases included.
+4. This process alone then writes the gradebook (OUT/course/gradebook.db), the hand-back notebooks
+   (OUT/course/autograded/<student>/<lab>/<lab>.ipynb), OUT/grades.csv and OUT/summary.md + .json,
+   all from the same scores.
 """
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
+import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import nbformat
-from nbgrader.preprocessors import NbGraderPreprocessor
+
+from ci import grade_key, grade_report, sandbox
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LABS_DIR = REPO_ROOT / "labs"
 COURSE_ID = "quant-lab"
+INSTRUCTOR_MARK = "> **Instructor's copy"     # a markdown line the release leaves out
+MAX_NOTEBOOK = 20 * 2**20
 
 CONFIG = """\
-from nbgrader.preprocessors import ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells, CheckCellMetadata
-from ci.grade import KeepGradedCells
-
 c = get_config()  # noqa: F821
 c.CourseDirectory.root = {root!r}
 c.CourseDirectory.course_id = {course!r}
 c.GenerateAssignment.create_assignment = True
-c.Autograde.create_student = True
-c.Execute.timeout = {cell_timeout}
-c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,
-                                      KeepGradedCells, CheckCellMetadata]
 """
 
 
 class GradeError(RuntimeError):
     """A problem with the round's input (submissions folder, labs, output folder), with what to do."""
-
-
-class KeepGradedCells(NbGraderPreprocessor):
-    """Drop every code cell that nbgrader does not grade or lock: the lab's heavy lesson cells."""
-
-    def preprocess(self, nb, resources):
-        nb.cells = [c for c in nb.cells if c.cell_type != "code" or "nbgrader" in c.metadata]
-        return nb, resources
 
 
 def graded_labs(labs_dir: Path = LABS_DIR) -> dict[str, Path]:
@@ -77,132 +63,37 @@ def graded_labs(labs_dir: Path = LABS_DIR) -> dict[str, Path]:
 
 def exercise_points(nb_path: Path) -> dict[str, float]:
     """{exercise: points} of a notebook's autograded test cells; the exercise is the grade id less '_tests'."""
-    nb = nbformat.read(nb_path, as_version=4)
     out = {}
-    for c in nb.cells:
+    for c in nbformat.read(nb_path, as_version=4).cells:
         meta = c.metadata.get("nbgrader", {})
         if meta.get("grade"):
             out[meta["grade_id"].removesuffix("_tests")] = float(meta["points"])
     return out
 
 
-def find_submissions(folder: Path, labs: list[str]) -> dict[str, dict[str, Path]]:
-    """{student: {lab: notebook}} from <student>/<lab>.ipynb or <student>/<lab>/<lab>.ipynb."""
-    if not folder.is_dir():
-        raise GradeError(f"--submissions {folder} is not a folder: give a folder of <student>/<lab>.ipynb")
-    found = {}
-    for student in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        mine = {}
-        for lab in labs:
-            for cand in (student / f"{lab}.ipynb", student / lab / f"{lab}.ipynb"):
-                if cand.is_file():
-                    mine[lab] = cand
-                    break
-        if mine:
-            found[student.name] = mine
-    if not found:
-        raise GradeError(f"no submissions in {folder}: expected <student>/<lab>.ipynb for a lab of {labs}")
-    return found
-
-
-def _path_with_venv() -> str:
-    """PATH with this interpreter's bin folder first: nbgrader's gradebook runs the `alembic` script."""
-    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-
-
-def nbgrader(args: list[str], course: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run one nbgrader command in the course folder, in its own process, with the repo importable."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-               PATH=_path_with_venv(), PYTHONWARNINGS="ignore", TQDM_DISABLE="1")
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, timeout=timeout,
-                          capture_output=True, text=True)
-
-
-def make_course(out: Path, labs: dict[str, Path], cell_timeout: int) -> Path:
+def make_course(out: Path, labs: dict[str, Path]) -> Path:
+    """OUT/course with nbgrader's release of each lab (this process: generate_assignment runs no student code)."""
     course = out / "course"
     course.mkdir(parents=True)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course), course=COURSE_ID,
-                                                             cell_timeout=cell_timeout))
+    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course), course=COURSE_ID))
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    os.environ["PATH"] = _path_with_venv()
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     api = NbGraderAPI(coursedir=CourseDirectory(root=str(course), course_id=COURSE_ID))
-    for lab, nb_path in labs.items():      # generate_assignment runs no student code: in this process
+    for lab, nb_path in labs.items():
         (course / "source" / lab).mkdir(parents=True)
         shutil.copy2(nb_path, course / "source" / lab / nb_path.name)
         r = api.generate_assignment(lab, force=True, create=True)
-        if not r["success"] or not (course / "release" / lab / nb_path.name).is_file():
+        released = course / "release" / lab / nb_path.name
+        if not r["success"] or not released.is_file():
             raise GradeError(f"nbgrader generate_assignment {lab} failed:\n{r.get('error', '')}{r.get('log', '')[-4000:]}")
-    return course
-
-
-def failure_message(nb_path: Path) -> dict[str, str]:
-    """{exercise: the first error line of its test cell} in an autograded notebook."""
-    if not nb_path.is_file():
-        return {}
-    nb = nbformat.read(nb_path, as_version=4)
-    out = {}
-    for c in nb.cells:
-        meta = c.metadata.get("nbgrader", {})
-        if not meta.get("grade") or c.cell_type != "code":
-            continue
-        for o in c.get("outputs", []):
-            if o.output_type == "error":
-                out[meta["grade_id"].removesuffix("_tests")] = f"{o.ename}: {o.evalue}".strip()
-                break
-            if o.output_type == "stream" and o.name == "stderr":
-                out[meta["grade_id"].removesuffix("_tests")] = "wrote to stderr: " + o.text.strip()[:200]
-                break
-    return out
-
-
-def read_scores(course: Path, lab: str, student: str) -> dict[str, float]:
-    """{exercise: points} from the gradebook; empty if the submission was never graded."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    os.environ["PATH"] = _path_with_venv()
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        try:
-            nb = gb.find_submission_notebook(lab, lab, student)
-        except MissingEntry:
-            return {}
-        return {g.name.removesuffix("_tests"): float(g.score) for g in nb.grades if g.auto_score is not None
-                or g.manual_score is not None}
-
-
-def autograde(course: Path, lab: str, student: str, nb, timeout: float):
-    """nbgrader autograde of one notebook in its own process: (status, detail, {exercise: points}, {exercise: failure})."""
-    dest = course / "submitted" / student / lab
-    dest.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, dest / f"{lab}.ipynb")
-    try:
-        r = nbgrader(["autograde", lab, "--student", student, "--force"], course, timeout=timeout)
-        status = "graded" if r.returncode == 0 else f"nbgrader failed (exit {r.returncode})"
-        lines = (r.stderr or r.stdout).strip().splitlines()
-        named = [ln.strip() for ln in lines if "DeadKernelError" in ln or "Kernel died" in ln]
-        detail = "" if r.returncode == 0 else (named or lines[-1:] or [""])[-1][:300]
-    except subprocess.TimeoutExpired:
-        status, detail = f"cut at the {timeout:.0f} s limit", ""
-    scores = read_scores(course, lab, student) if status == "graded" else {}
-    return status, detail, scores, failure_message(course / "autograded" / student / lab / f"{lab}.ipynb")
-
-
-def grade_each_alone(course: Path, lab: str, student: str, nb_path: Path, exercises: list[str], timeout: float):
-    """Score what a submission reached when its kernel died: grade each exercise with every other one's
-    solution cell blanked, so one exercise that kills the kernel costs only its own points. The
-    exercises share nothing but the setup cell, so each alone scores as it would in the whole."""
-    scores, msgs = {}, {}
-    for ex in exercises:
-        nb = nbformat.read(nb_path, as_version=4)
+        nb = nbformat.read(released, as_version=4)
         for c in nb.cells:
-            meta = c.metadata.get("nbgrader", {})
-            if meta.get("solution") and meta.get("grade_id") != ex:
-                c.source = "raise NotImplementedError()"
-        status, _, got, why = autograde(course, lab, student, nb, timeout)
-        scores[ex] = got.get(ex, 0.0)
-        msgs[ex] = why.get(ex) or (status if status != "graded" else "")
-    return scores, {k: v for k, v in msgs.items() if v}
+            if c.cell_type == "markdown" and INSTRUCTOR_MARK in c.source:
+                c.source = "\n".join(ln for ln in c.source.split("\n") if not ln.startswith(INSTRUCTOR_MARK)).strip("\n")
+        nbformat.write(nb, released)
+    return course
 
 
 def choose_labs(out: Path, labs: list[str] | None) -> dict[str, Path]:
@@ -216,68 +107,213 @@ def choose_labs(out: Path, labs: list[str] | None) -> dict[str, Path]:
     return {k: v for k, v in all_labs.items() if not labs or k in labs}
 
 
-def make_release(out: Path, labs: list[str] | None = None, cell_timeout: int = 30) -> Path:
-    """Only the student release, to hand out before a round: OUT/course/release/<lab>/<lab>.ipynb."""
-    return make_course(out, choose_labs(out, labs), cell_timeout) / "release"
+def make_release(out: Path, labs: list[str] | None = None) -> Path:
+    """Only the student release: OUT/course/release/<lab>/<lab>.ipynb, what students open and hand in."""
+    return make_course(out, choose_labs(out, labs)) / "release"
+
+
+def lab_ids(labs: dict[str, Path]) -> dict[str, set[str]]:
+    return {lab: {c.metadata["nbgrader"]["grade_id"] for c in nbformat.read(p, as_version=4).cells
+                  if "grade_id" in c.metadata.get("nbgrader", {})} for lab, p in labs.items()}
+
+
+def _lab_of(nb, ids: dict[str, set[str]]) -> str | None:
+    mine = {c.metadata["nbgrader"].get("grade_id") for c in nb.cells if isinstance(c.metadata.get("nbgrader"), dict)}
+    best = max(ids, key=lambda lab: len(ids[lab] & mine))
+    return best if ids[best] & mine else None
+
+
+def _files(folder: Path, depth: int = 0):
+    for p in sorted(folder.iterdir()):
+        if p.is_dir() and not p.is_symlink() and depth < 3:
+            yield from _files(p, depth + 1)
+        else:
+            yield p
+
+
+def survey(folder: Path, chosen: list[str]):
+    """({student: {lab: (path, notebook)}}, {student: [notes]}, [(entry, reason)]): every entry accounted for."""
+    if not folder.is_dir():
+        raise GradeError(f"--submissions {folder} is not a folder: give a folder of <student>/<lab>.ipynb")
+    ids = lab_ids(graded_labs())
+    students, notes, stray = {}, {}, []
+    for entry in sorted(folder.iterdir()):
+        name = entry.name
+        if entry.is_symlink():
+            stray.append((name, "a link, not followed: copy the student's folder itself"))
+        elif not entry.is_dir():
+            stray.append((name, "a file, not a student's folder: expected <student>/<lab>.ipynb"))
+        elif name.startswith("."):
+            stray.append((name, "a hidden folder, not a student's: not graded"))
+        else:
+            students[name], notes[name] = _survey_student(entry, chosen, ids)
+    if not students and not stray:
+        raise GradeError(f"no submissions in {folder}: expected <student>/<lab>.ipynb for a lab of {chosen}")
+    return students, notes, stray
+
+
+def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
+    notes, cands = [], {}
+    if folder.name.startswith("-") or folder.name != folder.name.strip():
+        notes.append(f"the name {folder.name!r} would be read as an option by nbgrader's command line: graded "
+                     f"under this name (with nbgrader itself, write --student={folder.name})")
+    files = list(_files(folder))
+    if not files:
+        notes.append("empty folder: nothing submitted")
+    for f in files:
+        rel = f.relative_to(folder).as_posix()
+        if f.is_symlink():
+            notes.append(f"{rel}: a link, not followed")
+            continue
+        if f.is_dir():
+            notes.append(f"{rel}: a folder nested too deep, not looked into")
+            continue
+        if ".ipynb_checkpoints" in f.parts:
+            notes.append(f"{rel}: JupyterLab's checkpoint copy, not graded")
+            continue
+        if f.suffix != ".ipynb":
+            notes.append(f"{rel}: not a notebook, not graded")
+            continue
+        try:
+            if f.stat().st_size > MAX_NOTEBOOK:
+                raise ValueError(f"larger than {MAX_NOTEBOOK >> 20} MiB")
+            nb = nbformat.read(f, as_version=4)
+            lab = _lab_of(nb, ids) or (f.stem if f.stem in ids else None)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is a row note, never an abort
+            notes.append(f"{rel}: not a notebook (cannot be read as one: {type(e).__name__}: {str(e)[:120]})")
+            continue
+        if lab is None:
+            notes.append(f"{rel}: holds no lab's exercise cells and is not named <lab>.ipynb: not graded")
+        elif lab not in chosen:
+            notes.append(f"{rel}: Lab {lab}, not graded in this round (labs {', '.join(chosen)})")
+        else:
+            cands.setdefault(lab, []).append((rel, f, nb))
+    picked = {}
+    for lab, cs in cands.items():
+        cs.sort(key=lambda c: (Path(c[0]).stem != lab, c[0].count("/"), c[0]))
+        rel, f, nb = cs[0]
+        picked[lab] = (f, nb)
+        if Path(rel).stem != lab:
+            notes.append(f"{rel}: holds Lab {lab}'s exercises, graded as {lab}")
+        notes += [f"{r}: another copy of Lab {lab}; {rel} was graded" for r, _, _ in cs[1:]]
+    notes += [f"{lab}: not submitted" for lab in chosen if lab not in picked and files]
+    return picked, notes
+
+
+def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, cell_timeout: int,
+              timeout: float) -> dict:
+    """Run one submission in the sandbox and score it here; the gradebook and hand-back get the same result."""
+    t0 = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="quantlab-grade-"))
+    executed = done = None
+    try:
+        release = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
+        ran, notes = grade_key.cells_to_run(nb, release, key)
+        done = ran
+        work = tmp / "work"
+        work.mkdir()
+        nbformat.write(ran, work / "run.ipynb")
+        (work / "plan.json").write_text(json.dumps({"cell_timeout": cell_timeout,
+                                                    "exercises": {ex: e.function for ex, e in key.items()}}))
+        refs = {t for e in key.values() if (t := e.reference_target())}
+        code = sandbox.prepare(work, refs)
+        outcome = sandbox.run(mode, work, code, grade_key.inputs_for(key), timeout)
+        if (work / "out" / "executed.ipynb").is_file():
+            executed = tmp / "executed.ipynb"
+            shutil.copy2(work / "out" / "executed.ipynb", executed)
+            try:
+                done = nbformat.read(executed, as_version=4)
+            except Exception:  # noqa: BLE001 - the sandbox's files are the student's to spoil
+                executed = None
+        status, why_cell = _status(done, outcome, cell_timeout, timeout)
+        exs = {}
+        for ex, e in key.items():
+            pts, why = grade_key.score(e, work / "out" / "answers" / f"{ex}.json", why_cell.get(("harvest", ex), "")
+                                       or (status if outcome.cut or outcome.returncode else ""))
+            if pts < e.points and why_cell.get(("solution", ex)):
+                why = why_cell[("solution", ex)]
+            exs[ex] = (pts, e.points, why)
+        result = {"student": student, "lab": lab, "status": status, "exercises": exs, "notes": notes}
+    except Exception as e:  # noqa: BLE001 - one submission's failure is its row, never the round's
+        executed = None
+        result = {"student": student, "lab": lab, "status": f"grader error: {type(e).__name__}: {e}",
+                  "exercises": {ex: (0.0, k.points, "not graded: grader error") for ex, k in key.items()}, "notes": []}
+    result_total(result, t0)
+    try:
+        grade_report.write_gradebook(course, lab, student, {ex: v[0] for ex, v in result["exercises"].items()})
+        grade_report.hand_back(executed, done or nbformat.v4.new_notebook(), course, lab, student, result)
+    except Exception as e:  # noqa: BLE001 - said in the row: the instructor must look at this one
+        result["status"] += f"; its gradebook entry or hand-back could not be written: {type(e).__name__}: {e}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def result_total(result: dict, t0: float) -> None:
+    result["total"] = sum(v[0] for v in result["exercises"].values())
+    result["out_of"] = sum(v[1] for v in result["exercises"].values())
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+
+
+def _status(done, outcome, cell_timeout: int, timeout: float):
+    """The submission's status and, per (role, exercise), what cut or killed it."""
+    why, deaths, cuts = {}, 0, 0
+    sol_ex = None
+    for c in done.cells:
+        q = c.metadata.get("quantlab", {})
+        if q.get("role") == "solution":
+            sol_ex = c.metadata.get("nbgrader", {}).get("grade_id")
+        errs = {o.get("ename") for o in c.get("outputs", []) if o.get("output_type") == "error"}
+        kind = "died" if "KernelDied" in errs else "cut" if "CellTimeout" in errs else None
+        if not kind:
+            continue
+        deaths, cuts = deaths + (kind == "died"), cuts + (kind == "cut")
+        what = (f"cut at the {cell_timeout} s cell limit" if kind == "cut"
+                else "the kernel died (a crash such as os._exit)")
+        if q.get("role") == "harvest":
+            why[("harvest", q.get("exercise"))] = f"{what} while its function ran on the cases"
+        elif q.get("role") == "solution" and sol_ex:
+            why[("solution", sol_ex)] = f"{what} in its solution cell"
+    if outcome.cut:
+        status = f"cut at the {timeout:g} s submission limit"
+    elif outcome.returncode:
+        status = f"the sandbox failed (exit {outcome.returncode}): {outcome.log.strip().splitlines()[-1:] or ''}"
+    else:
+        status = "graded"
+    extra = [f"kernel died {deaths}x" if deaths else "", f"{cuts} cell(s) cut at {cell_timeout} s" if cuts else ""]
+    extra = [x for x in extra if x]
+    return status + (f" ({'; '.join(extra)}; each cost only its exercise)" if extra else ""), why
 
 
 def grade_round(submissions: Path, out: Path, labs: list[str] | None = None, cell_timeout: int = 30,
-                timeout: float = 300) -> dict:
+                timeout: float = 300, sandbox_mode: str = "auto") -> dict:
+    mode = sandbox.choose(sandbox_mode)
     chosen = choose_labs(out, labs)
-    subs = find_submissions(submissions, list(chosen))
+    students, notes, stray = survey(submissions, list(chosen))
     t0 = time.perf_counter()
-    course = make_course(out, chosen, cell_timeout)
+    course = make_course(out, chosen)
+    keys = {lab: grade_key.answer_key(lab, p) for lab, p in chosen.items()}
     release_s = time.perf_counter() - t0
-    points = {lab: exercise_points(nb) for lab, nb in chosen.items()}
-    columns = [f"{lab}/{ex}" for lab in chosen for ex in points[lab]]
-    rows, runs, failures = [], [], {col: Counter() for col in columns}
-    for student, mine in subs.items():
-        row = {"student": student}
-        for lab, nb_path in mine.items():
-            t = time.perf_counter()
-            status, detail, scores, msgs = autograde(course, lab, student, nbformat.read(nb_path, as_version=4),
-                                                     timeout)
-            if status != "graded":          # the kernel died (or it ran out of time): each exercise alone
-                scores, msgs = grade_each_alone(course, lab, student, nb_path, list(points[lab]), timeout)
-                status += "; each exercise then graded alone"
-            seconds = time.perf_counter() - t
-            for ex, full in points[lab].items():
-                col = f"{lab}/{ex}"
-                row[col] = scores.get(ex, 0.0)
-                if row[col] < full:
-                    failures[col][msgs.get(ex) or status] += 1
-            runs.append({"student": student, "lab": lab, "status": status, "seconds": round(seconds, 1),
-                         **({"detail": detail} if detail else {})})
-        row["total"] = sum(row.get(c, 0.0) for c in columns)
+    columns = [f"{lab}/{ex}" for lab in chosen for ex in keys[lab]]
+    rows, results = [], []
+    for student, mine in students.items():
+        row = {"student": student, "_student": True}
+        for lab, (_, nb) in mine.items():
+            r = grade_one(course, lab, student, nb, keys[lab], mode, cell_timeout, timeout)
+            results.append(r)
+            row.update({f"{lab}/{ex}": v[0] for ex, v in r["exercises"].items()})
+            notes[student] += [f"{lab}: {n}" for n in r["notes"]]
+            if r["status"] != "graded":
+                notes[student].append(f"{lab}: {r['status']}")
+        row["total"] = sum(v for k, v in row.items() if k in columns)
+        row["notes"] = "; ".join(notes[student])
         rows.append(row)
-    with open(out / "grades.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, ["student", *columns, "total"], restval=0.0)
-        w.writeheader()
-        w.writerows(rows)
-    n = len(rows)
-    per_ex = {col: {"points": points[col.split("/")[0]][col.split("/")[1]],
-                    "pass_rate": sum(r.get(col, 0.0) >= points[col.split("/")[0]][col.split("/")[1]] for r in rows) / n,
-                    "most_common_failure": (failures[col].most_common(1)[0] if failures[col] else None)}
-              for col in columns}
-    summary = {"students": n, "labs": list(chosen), "release_seconds": round(release_s, 1),
-               "grading_seconds": round(sum(r["seconds"] for r in runs), 1), "submissions": runs, "exercises": per_ex,
-               "release": str(course / "release"), "grades_csv": str(out / "grades.csv")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    (out / "summary.md").write_text(summary_markdown(summary))
+    rows += [{"student": name, "notes": reason} for name, reason in stray]
+    grade_report.write_csv(out / "grades.csv", columns, [{k: v for k, v in r.items() if k != "_student"} for r in rows])
+    summary = grade_report.summarize({lab: {ex: e.points for ex, e in keys[lab].items()} for lab in chosen}, results,
+                                     rows, sandbox.describe(mode), release_s)
+    grade_report.write_summary(out, summary)
     return summary
-
-
-def summary_markdown(s: dict) -> str:
-    lines = [f"# Grading round: {s['students']} students, labs {', '.join(s['labs'])}", "",
-             f"Release generated in {s['release_seconds']} s ({s['release']}); grading took {s['grading_seconds']} s; "
-             f"points in {s['grades_csv']}.", "", "| exercise | points | pass rate | most common failure |",
-             "|---|---|---|---|"]
-    for col, e in s["exercises"].items():
-        fail = f"{e['most_common_failure'][0]} ({e['most_common_failure'][1]}x)" if e["most_common_failure"] else ""
-        lines.append(f"| {col} | {e['points']:g} | {100 * e['pass_rate']:.0f} % | {fail.replace('|', '/')} |")
-    lines += ["", "| student | lab | status | seconds |", "|---|---|---|---|"]
-    lines += [f"| {r['student']} | {r['lab']} | {r['status']} | {r['seconds']} |" for r in s["submissions"]]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,21 +322,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release-only", action="store_true", help="only make the student release (OUT/course/release)")
     ap.add_argument("--out", required=True, type=Path, help="a new folder for the course, grades.csv and summary")
     ap.add_argument("--labs", default="", help="comma-separated labs to grade (default: every lab with exercises)")
-    ap.add_argument("--cell-timeout", type=int, default=30, help="seconds any one cell may run (nbgrader's)")
+    ap.add_argument("--cell-timeout", type=int, default=30, help="seconds any one cell may run")
     ap.add_argument("--timeout", type=float, default=300, help="seconds one submission of one lab may take")
+    ap.add_argument("--sandbox", default="auto", choices=sandbox.MODES,
+                    help="auto: bubblewrap where it works, else refuse; none: no sandbox (only when named)")
     a = ap.parse_args(argv)
     labs = [x for x in a.labs.split(",") if x] or None
     try:
         if a.release_only:
-            print(f"student release: {make_release(a.out, labs, a.cell_timeout)}")
+            print(f"student release: {make_release(a.out, labs)}")
             return 0
         if a.submissions is None:
             raise GradeError("--submissions is required (or --release-only to make the release alone)")
-        s = grade_round(a.submissions, a.out, labs, a.cell_timeout, a.timeout)
-    except GradeError as e:
+        s = grade_round(a.submissions, a.out, labs, a.cell_timeout, a.timeout, a.sandbox)
+    except (GradeError, sandbox.SandboxError) as e:
         print(f"ci.grade: {e}", file=sys.stderr)
         return 2
-    print(summary_markdown(s))
+    print(grade_report.summary_markdown(s, a.out))
     return 0
 
 

@@ -17,6 +17,10 @@ def not_done(x):
     raise NotImplementedError()
 
 
+def times_two(x):
+    return x + x
+
+
 def test_mismatch_says_how_a_tensor_differs():
     e = torch.tensor([1.0, 2.0, 3.0])
     assert exercises.mismatch(e.clone(), e) is None
@@ -47,9 +51,9 @@ def test_mismatch_numbers_strings_dicts():
 
 
 def test_self_check_passes_returns_the_students_function(capsys):
-    assert exercises.self_check(double, [Case((2,), 4), Case((0.5,), 1.0)], reference=double) is double
+    assert exercises.self_check(times_two, [Case((2,), 4), Case((0.5,), 1.0)], reference=double) is times_two
     out = capsys.readouterr()
-    assert "double: self-check passed on 2 hand-made cases." in out.out and out.err == ""
+    assert "times_two: self-check passed on 2 hand-made cases." in out.out and out.err == ""
 
 
 def test_not_done_says_so_never_passed_and_falls_back(capsys):
@@ -110,3 +114,95 @@ def test_mx_scale_code_is_the_blocks_code_in_mx_cast():
     assert [formulas.mx_scale_code(x[r, 32 * b:32 * (b + 1)]) for r in range(4) for b in range(2)] == codes.flatten().tolist()
     assert formulas.mx_scale_code(torch.ones(32)) == 119 and formulas.mx_scale_code(torch.ones(32), "mxfp4") == 125
     assert formulas.mx_scale_code(torch.zeros(32)) == 0
+
+
+# --- the answer key is not an answer, in JupyterLab too ------------------------------------------------------
+
+def test_self_check_refuses_a_function_that_calls_the_reference_under_any_name():
+    import inspect
+    cases = [Case((100.0, 1000.0), 100.0), Case((0.5, 20.0), 25.0)]
+
+    def direct(p, b):
+        return formulas.ridge_point(p, b)
+
+    def default_arg(p, b, _f=formulas.ridge_point):
+        return _f(p, b)
+    ns = {}
+    exec(inspect.getsource(formulas.ridge_point).replace("def ridge_point", "def copied"), ns)
+
+    def copy_of_source(p, b):
+        return ns["copied"](p, b)
+    for fn in (direct, default_arg, copy_of_source):
+        with pytest.raises(exercises.ReferenceCalled, match=rf"{fn.__name__} calls the course's reference "
+                                                             r"utils.formulas.ridge_point: .* scores 0 when graded"):
+            exercises.self_check(fn, cases, reference=formulas.ridge_point)
+
+    def own(p, b):
+        return p * 1e12 / (b * 1e9)
+    assert exercises.self_check(own, cases, reference=formulas.ridge_point) is own
+    partial_ref = functools.partial(numerics_accumulate(), bits=16, mode="saturate")
+    with pytest.raises(exercises.ReferenceCalled, match="numerics.accumulate"):
+        exercises.self_check(lambda p: partial_ref(p), [Case((torch.tensor([1, 2]),), torch.tensor(3))],
+                             reference=partial_ref)
+
+
+def numerics_accumulate():
+    from utils import numerics
+    return numerics.accumulate
+
+
+def test_recording_keeps_cases_and_runs_nothing():
+    calls = []
+
+    def student(x):
+        calls.append(x)
+        return 2 * x
+    with exercises.recording() as rec:
+        assert exercises.self_check(student, [Case((2,), 4)], reference=double) is student
+        assert exercises.grade(student, exercises.against(double, [(3,), (5,)])) is None
+    assert calls == [] and exercises._RECORDING is None
+    assert [c.expected for c in rec["student"]["hidden"]] == [6, 10] and rec["student"]["reference"] is double
+    assert [c.args for c in rec["student"]["visible"]] == [(2,)]
+
+
+def test_in_the_grading_sandbox_the_check_does_not_run_the_reference(monkeypatch, capsys):
+    def stub(x):
+        raise exercises.ReferenceCalled("stub")
+    monkeypatch.setenv(exercises.GRADING_ENV, "1")
+    assert exercises.self_check(double, [Case((2,), 4)], reference=stub) is double
+    with pytest.raises(exercises.ReferenceCalled, match="calls the course's reference"):
+        exercises.self_check(lambda x: stub(x), [Case((2,), 4)], reference=stub)
+
+
+def test_answers_cross_the_sandbox_wall_as_plain_json():
+    import json
+    values = [1, 2.5, float("nan"), None, True, "x", (torch.float16, torch.tensor([1.5, 2.0], dtype=torch.bfloat16)),
+              {"drop_rel": 0.1, "label": "expected"}, torch.zeros(0, 3), torch.tensor([1.0]).to(torch.float8_e4m3fn)]
+    back = exercises.decode(json.dumps(exercises.encode(values)))
+    assert exercises.mismatch(back, values) is None and isinstance(back[6], tuple)
+    odd = exercises.decode(json.dumps(exercises.encode([object()])))[0]
+    assert "expected a number, got object" in exercises.mismatch(odd, 1.0)
+    for bad in ('{"__tensor__": ["float32", [2], "AAAA"]}', '{"__dtype__": "complex32"}', '{"__tensor__": 1}'):
+        with pytest.raises(ValueError):
+            exercises.decode(bad)
+
+
+def test_harvest_writes_answers_and_errors_and_drops_what_the_function_prints(tmp_path, capsys):
+    import json
+
+    def student(x):
+        print("the hidden input is", x)
+        if x == 0:
+            raise ZeroDivisionError("x is 0")
+        if x == 1:
+            raise NotImplementedError
+        return torch.tensor([x])
+    (tmp_path / "in.json").write_text(json.dumps(exercises.encode([[(5,), {}], [(0,), {}], [(1,), {}]])))
+    exercises.harvest("student", {"student": student}, str(tmp_path / "in.json"), str(tmp_path / "out.json"))
+    got = exercises.decode((tmp_path / "out.json").read_text())["answers"]
+    assert exercises.mismatch(got[0]["value"], torch.tensor([5])) is None
+    assert got[1] == {"error": "ZeroDivisionError", "message": "x is 0"}
+    assert got[2] == {"error": "NotImplementedError", "message": "not done yet"}
+    assert "hidden input" not in capsys.readouterr().out
+    exercises.harvest("gone", {}, str(tmp_path / "in.json"), str(tmp_path / "out.json"))
+    assert "no function named gone" in (tmp_path / "out.json").read_text()

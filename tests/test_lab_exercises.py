@@ -99,3 +99,27 @@ def test_exercise_cells_run_alone_solutions_pass_blanks_say_not_done(lab):
     for gid, (out, err) in run_graded(lab, blank=True, hidden=True).items():    # graded, blank
         if gid.endswith("_tests"):
             assert err is not None and "not done yet" in str(err), f"{lab} {gid}: {err}"
+
+
+@pytest.mark.parametrize("lab", LABS)
+def test_every_exercise_check_refuses_the_reference_itself(lab):
+    """In JupyterLab: a solution that hands the work to the reference fails its check, naming it, as grading does."""
+    from ci.grade_key import answer_key
+    from utils import exercises
+    for ex, e in answer_key(lab, ROOT / "labs" / lab / f"{lab}.ipynb").items():
+        ref = e.reference
+
+        def cheat(*args, **kwargs):
+            return ref(*args, **kwargs)
+        with pytest.raises(exercises.ReferenceCalled, match=r"calls the course's reference utils\."):
+            exercises.self_check(cheat, e.visible, reference=ref)
+        assert e.hidden and e.reference_target(), ex
+
+
+def test_how_you_are_graded_is_in_every_lab():
+    for lab in LABS:
+        nb = nbformat.read(ROOT / "labs" / lab / f"{lab}.ipynb", as_version=4)
+        text = next(c.source for c in nb.cells if c.get("id") == f"ex{lab[:2]}-graded")
+        for rule in (f"`{lab}.ipynb`", "helpers are kept", "deleting one changes nothing", "scores 0",
+                     "stderr cost nothing", "30 s", "300 s", "Instructor's copy"):
+            assert rule in text, (lab, rule)

@@ -6,25 +6,43 @@ Every exercise is a small function the student writes in the notebook. Its test 
 
 which prints "self-check passed" (and returns the student's function), or "not done yet" while the
 function still raises NotImplementedError (and returns the reference, so the rest of the lab runs
-on it), or raises ExerciseFailed naming the case, what was expected and what came back. The hidden
-tests of the same cell call `exercises.grade(student_fn, more_cases)`, which is strict: a function
-not done yet fails there, with the message "not done yet". Every message goes to stdout: the grader
-(nbgrader) scores a test cell 0 when anything reaches stderr.
+on it), or raises ExerciseFailed naming the case, what was expected and what came back. A function
+that calls the reference (or a copy of it) fails the check: the answer key is not an answer. The
+hidden tests of the same cell call `exercises.grade(student_fn, more_cases)`, strict: a function not
+done yet fails there with "not done yet" (the chain runs them on the solutions).
+
+A grading round (ci.grade) never trusts this module inside a student's kernel: it records the cases
+here, in its own process (`recording`), sends only their inputs into the sandbox, where `harvest`
+writes what the student's function returned (`encode`), and compares outside (`decode`, `mismatch`).
 """
 from __future__ import annotations
 
+import base64
+import contextlib
 import functools
+import io
+import json
 import math
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 NOT_DONE = "not done yet"
+GRADING_ENV = "QUANTLAB_GRADING"     # set inside the grading sandbox: there the references are stubs
 
 
 class ExerciseFailed(AssertionError):
     """The student's function gave a wrong answer (or raised) on a named case."""
+
+
+class ReferenceCalled(ExerciseFailed):
+    """The student's function called the course's reference for its exercise (the answer key)."""
+
+
+_RECORDING: dict | None = None      # {function name: {"visible": [...], "hidden": [...], "reference": fn}}
 
 
 @dataclass
@@ -150,34 +168,77 @@ def run_cases(fn: Callable, cases: list[Case]) -> int:
     for case in cases:
         try:
             got = fn(*case.args, **case.kwargs)
-        except NotImplementedError:
+        except (NotImplementedError, ReferenceCalled):
             raise
         except Exception as e:  # the student's code crashed: say where, keep the cause
             raise ExerciseFailed(f"{_name(fn)} raised {type(e).__name__}: {e} on case {case.describe()}") from e
         why = mismatch(got, case.expected, case.rtol, case.atol, same_dtype=case.same_dtype)
         if why:
-            hint = next((h for wrong, h in case.hints
-                         if mismatch(got, wrong, case.rtol, case.atol, same_dtype=case.same_dtype) is None), None)
-            raise ExerciseFailed(f"{_name(fn)}: wrong on case {case.describe()}: {why}"
-                                 + (f". Hint: {hint}" if hint else ""))
+            raise ExerciseFailed(f"{_name(fn)}: wrong on case {case.describe()}: {why}" + hint_for(case, got))
     return len(cases)
+
+
+def hint_for(case: Case, got: Any) -> str:
+    """'. Hint: ...' when got is one of the case's known wrong answers, else ''."""
+    hint = next((h for wrong, h in case.hints
+                 if mismatch(got, wrong, case.rtol, case.atol, same_dtype=case.same_dtype) is None), None)
+    return f". Hint: {hint}" if hint else ""
+
+
+def reference_used(fn: Callable, reference: Callable | None) -> str:
+    """The sentence a graded notebook gets for a function that calls its exercise's reference."""
+    return (f"{_name(fn)} calls the course's reference {reference_name(reference)}: "
+            "the answer key is not an answer, so this exercise scores 0 when graded; write your own")
+
+
+@contextlib.contextmanager
+def _watching(reference: Callable | None):
+    """Notes every call, inside the block, of the reference's code or of a copy of it (the same
+    bytecode, constants and names: an alias, a re-export or inspect.getsource + exec all match)."""
+    seen: list = []
+    target = reference.func if isinstance(reference, functools.partial) else reference
+    code = getattr(target, "__code__", None)
+    if code is None:
+        yield seen
+        return
+    sig = (code.co_code, code.co_names, len(code.co_consts))
+
+    def profile(frame, event, arg):
+        c = frame.f_code
+        if event == "call" and (c is code or (c.co_code, c.co_names, len(c.co_consts)) == sig):
+            seen.append(c)
+    old = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(old)
 
 
 def self_check(fn: Callable, cases: list[Case], reference: Callable | None = None) -> Callable:
     """The visible check. Returns the function the lab goes on with: the student's when it passes,
-    the reference while it is not done yet. A wrong answer raises ExerciseFailed."""
-    if reference is not None:  # the hand-made cases must hold for the reference itself
+    the reference while it is not done yet. A wrong answer, or a call of the reference, raises."""
+    grading = os.environ.get(GRADING_ENV) == "1"   # in the sandbox the reference is a stub: nothing to check it on
+    if reference is not None and not grading:      # the hand-made cases must hold for the reference itself
         try:
             run_cases(reference, cases)
         except ExerciseFailed as e:
             raise RuntimeError(f"the exercise's own cases fail for the reference {reference_name(reference)}: {e}") from e
+    if _RECORDING is not None:
+        _RECORDING.setdefault(_name(fn), {"visible": [], "hidden": []}).update(visible=list(cases), reference=reference)
+        return fn
     try:
-        n = run_cases(fn, cases)
+        with _watching(reference) as seen:
+            n = run_cases(fn, cases)
     except NotImplementedError:
         using = f"the lab uses the reference {reference_name(reference)} meanwhile" if reference \
             else "nothing else in the lab needs it"
         print(f"{_name(fn)}: {NOT_DONE} (it raises NotImplementedError); {using}.")
         return reference
+    except ReferenceCalled:
+        raise ReferenceCalled(reference_used(fn, reference)) from None
+    if seen:
+        raise ReferenceCalled(reference_used(fn, reference))
     print(f"{_name(fn)}: self-check passed on {n} hand-made case{'s' if n != 1 else ''}.")
     return fn
 
@@ -185,7 +246,117 @@ def self_check(fn: Callable, cases: list[Case], reference: Callable | None = Non
 def grade(fn: Callable, cases: list[Case]) -> None:
     """The hidden tests: every case must pass; a function not done yet fails with 'not done yet'.
     Returns None: a number as a test cell's last value would read to the grader as partial credit."""
+    if _RECORDING is not None:
+        _RECORDING.setdefault(_name(fn), {"visible": [], "hidden": []})["hidden"] = list(cases)
+        return None
     try:
         run_cases(fn, cases)
     except NotImplementedError:
         raise ExerciseFailed(f"{_name(fn)}: {NOT_DONE}") from None
+
+
+@contextlib.contextmanager
+def recording():
+    """Inside the block, self_check and grade record their cases (and the reference) instead of running:
+    {function name: {"visible": cases, "hidden": cases, "reference": fn}}. The grader's own process uses it."""
+    global _RECORDING
+    _RECORDING = {}
+    try:
+        yield _RECORDING
+    finally:
+        _RECORDING = None
+
+
+# --- answers across the sandbox wall: plain JSON, no pickle, so reading them runs nothing ---------------
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def encode(x: Any, depth: int = 0) -> Any:
+    """A JSON-able form of an exercise's argument or answer; anything else is kept as its type's name."""
+    if depth > 40:
+        return {"__opaque__": "nested too deeply"}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return float(x) if isinstance(x, float) and type(x) is not float else x
+    if type(x).__module__ == "numpy" and hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return encode(x.item(), depth + 1)
+    if isinstance(x, torch.dtype):
+        return {"__dtype__": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.Tensor) and str(x.dtype).removeprefix("torch.") in _DTYPES and x.layout == torch.strided:
+        t = x.detach().cpu().contiguous().reshape(-1)
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return {"__tensor__": [str(t.dtype).removeprefix("torch."), list(x.shape), base64.b64encode(raw).decode()]}
+    if isinstance(x, (list, tuple)):
+        items = [encode(v, depth + 1) for v in x]
+        return items if isinstance(x, list) else {"__tuple__": items}
+    if isinstance(x, dict) and all(isinstance(k, str) for k in x):
+        return {"__dict__": [[k, encode(v, depth + 1)] for k, v in x.items()]}
+    return {"__opaque__": type(x).__name__}
+
+
+def _decode_obj(d: dict) -> Any:
+    if len(d) != 1:
+        raise ValueError("not an encoded value")
+    (tag, v), = d.items()
+    if tag == "__dtype__":
+        return _DTYPES[v]
+    if tag == "__tensor__":
+        dtype, shape, raw = _DTYPES[v[0]], [int(n) for n in v[1]], base64.b64decode(v[2], validate=True)
+        if math.prod(shape) * dtype.itemsize != len(raw):
+            raise ValueError("a tensor's bytes do not match its shape")
+        if not raw:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone()
+    if tag == "__opaque__":
+        return type(str(v)[:80], (), {"__repr__": lambda self: f"<a {type(self).__name__}>"})()
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def decode(obj: Any) -> Any:
+    """The value `encode` made, from its JSON text or parsed JSON (tensors rebuilt from their bytes);
+    ValueError when it is not one."""
+    try:
+        return _walk(json.loads(obj) if isinstance(obj, str) else obj, 0)
+    except (KeyError, TypeError, IndexError, RecursionError) as e:
+        raise ValueError(f"not an encoded value: {type(e).__name__}: {e}") from None
+
+
+def _walk(x: Any, depth: int) -> Any:
+    if depth > 60:
+        raise ValueError("nested too deeply")
+    if isinstance(x, list):
+        return [_walk(v, depth + 1) for v in x]
+    if isinstance(x, dict):
+        if len(x) == 1 and next(iter(x)) in ("__tensor__", "__dtype__", "__opaque__"):
+            return _decode_obj(x)
+        if len(x) == 1 and next(iter(x)) in ("__tuple__", "__dict__"):
+            (tag, v), = x.items()
+            inner = _walk(v, depth + 1)
+            return tuple(inner) if tag == "__tuple__" else {str(k): val for k, val in inner}
+        return {str(k): _walk(v, depth + 1) for k, v in x.items()}   # the grader's own wrappers
+    return x
+
+
+def harvest(name: str, namespace: dict, inputs_path: str, out_path: str) -> None:
+    """Inside the grading sandbox: call the student's `name` on each (args, kwargs) of inputs_path and
+    write what came back (or what it raised) to out_path. What it prints is dropped: the calls' inputs
+    include the hidden cases."""
+    with open(inputs_path) as f:
+        calls = decode(f.read())
+    fn, answers = namespace.get(name), []
+    if not callable(fn):
+        answers = {"missing": f"no function named {name} in the notebook"}
+    for args, kwargs in calls if callable(fn) else ():
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                got = fn(*args, **kwargs)
+            answers.append({"value": encode(got)})
+        except NotImplementedError:
+            answers.append({"error": "NotImplementedError", "message": NOT_DONE})
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the student's error is the answer
+            answers.append({"error": type(e).__name__, "message": str(e)[:500]})
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"name": name, "answers": answers}, f)
+    os.replace(tmp, out_path)
