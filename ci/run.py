@@ -298,7 +298,7 @@ def _end_run(exc, profile, run_dir, manifest, at, order, runs_dir) -> ChainError
     if at["entry"] is not None:
         at["entry"]["seconds"] = round(time.monotonic() - at["t0"], 1)
     if at["lab"] is None and not interrupted:
-        failure["reason"] = f"the runner could not record the run: {failure['reason']}"
+        failure["reason"] = f"between labs, in the runner: {failure['reason']}"
     status = "interrupted" if interrupted else "failed"
     note = run_state.finish(run_dir, manifest, status, failure, build_report)
     target, why = run_state.resume_target(run_dir, manifest, order, at["lab"])

@@ -97,6 +97,9 @@ def shutdown_kernels() -> int:
                 getattr(km, clean)()
             except Exception:  # noqa: BLE001 - best effort: the files may already be gone
                 pass
+        if getattr(km, "transport", "") == "ipc" and getattr(km, "ip", ""):
+            for sock in Path(km.ip).parent.glob(Path(km.ip).name + "-*"):   # every port's socket of this kernel
+                sock.unlink(missing_ok=True)
     _KERNELS.clear()
     return n
 
