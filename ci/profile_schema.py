@@ -8,8 +8,8 @@ enough, a spec in square brackets that opens the parameter's comment, e.g.
 
 A spec is alternatives joined by " or ": None, a quoted literal, int / float / str / bool with optional bounds
 (`float above 0 and at most 1`), or `list of <one of those>`. Bounds are words because papermill skips a
-parameter line holding a second "=" (so `>=` would hide the parameter). Every error names the file, the line, the key, what was
-expected and an example (the notebook's own default, which must satisfy its spec).
+parameter line holding a second "=" (so `>=` would hide the parameter). Every error names the file, the line,
+the key, what was expected and an example (the notebook's own default, which must satisfy its spec).
 """
 from __future__ import annotations
 
@@ -164,7 +164,8 @@ def _param_schema(lab: str, notebook: Path, name: str, info: dict) -> dict:
         return {"not": {}, "x-expected": f"nothing: {name} is set by ci.run for every lab",
                 "x-example": "(remove this key)"}
     rel = notebook.relative_to(notebook.parents[2]) if len(notebook.parents) > 2 else notebook
-    return {**info["schema"], "x-expected": info["spec"], "x-source": str(rel), "x-example": _example(name, info["default"])}
+    return {**info["schema"], "x-expected": info["spec"], "x-source": str(rel),
+            "x-example": _example(name, info["default"])}
 
 
 def build_schema(labs: dict[str, Path] | None) -> dict:

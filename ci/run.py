@@ -210,7 +210,8 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
             raise ChainError(str(exc)) from exc
         bad = run_state.first_bad_lab(resume_from, reused, {e.get("lab"): e for e in earlier.get("labs") or []})
         if bad:
-            raise ChainError(f"--resume {resume_from}: {bad[0]} cannot be reused: {bad[1]}; nothing was run\n"
+            why = bad[1].rstrip(".")
+            raise ChainError(f"--resume {resume_from}: {bad[0]} cannot be reused: {why}; nothing was run\n"
                              f"  fix it, then: {resume_command(profile, Path(resume_from), bad[0], runs_dir)}")
     elif reused:
         raise ChainError(f"--from {start_from} needs complete results of {reused[0]}: pass --resume RUN_DIR "
@@ -263,7 +264,7 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
                     raise NoResults("the notebook ran to its end but wrote no results.json")
                 strip_progress_bars(at["out_nb"])
                 at["entry"].update(status="complete", seconds=round(time.monotonic() - at["t0"], 1))
-                at.update(lab=None, out_nb=None, entry=None)
+                at.update(lab=None, notebook=None, out_nb=None, entry=None)
                 warning = fallback_warning(run_dir / lab)
                 if warning:
                     manifest.setdefault("warnings", []).append(f"{lab}: {warning}")
@@ -319,7 +320,8 @@ def _end_run(exc, profile, run_dir, manifest, at, order, runs_dir) -> ChainError
     if note:
         lines.append(f"  note: {note}")
     lines += [why.rstrip("\n"), f"  run folder: {run_dir} (status: {status})",
-              f"  {'to go on' if interrupted else 'fix it, then'}: {resume_command(profile, run_dir, target, runs_dir)}"]
+              f"  {'to go on' if interrupted else 'fix it, then'}: "
+              f"{resume_command(profile, run_dir, target, runs_dir)}"]
     message = "\n".join(line for line in lines if line)
     return RunInterrupted(message, exc.signum) if interrupted else ChainError(message)
 

@@ -11,6 +11,7 @@ import yaml
 from bad_input_table import record
 from ci import run as chain
 from test_chain import GOOD, make_lab
+from test_run_state import stable
 from utils import platform as plat
 
 
@@ -25,7 +26,7 @@ def _fail(tmp_path, body, case, **extra):
     with pytest.raises(chain.ChainError) as err:
         chain.run_chain(_profile(tmp_path, **extra), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
     msg = str(err.value)
-    record("chain failure", case, msg)
+    record("chain failure", case, stable(msg))
     (run_dir,) = (tmp_path / "runs").iterdir()
     kept = re.search(r"executed notebook kept at (\S+)", msg)
     assert kept and (tmp_path / kept.group(1)).exists(), msg        # the path it names exists

@@ -3,6 +3,7 @@ are shut down; --resume reuses only what validates, and the printed "fix it, the
 import errno
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,6 +22,14 @@ from test_chain import GOOD, make_lab
 from utils import results
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def stable(message: str) -> str:
+    """The message with what changes from run to run (run folder stamps, pids, seconds) as placeholders, so the
+    generated table does not drift."""
+    message = re.sub(r"\d{8}-\d{6}", "<stamp>", message)
+    message = re.sub(r"\b(pid|kill) \d+", r"\1 <pid>", message)
+    return re.sub(r"\b\d+(\.\d+)? s\b", "<n> s", message)
 
 
 def _profile(tmp_path):
@@ -80,7 +89,7 @@ def test_a_signal_ends_the_run_interrupted_and_shuts_its_kernel_down(tmp_path, s
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
 
-    record("run state", f"the chain gets {sig.name} during a lab", err)
+    record("run state", f"the chain gets {sig.name} during a lab", stable(err))
     assert proc.returncode == 128 + sig, (proc.returncode, err)
     (run_dir,) = (tmp_path / "runs").iterdir()
     manifest = _manifest(run_dir)
@@ -119,7 +128,7 @@ def test_a_full_disk_while_writing_the_report_ends_the_run_failed(tmp_path, monk
     _enospc_for("report", monkeypatch)
     with pytest.raises(chain.ChainError) as err:
         chain.run_chain(_profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
-    record("run state", "the disk fills while the runner writes the report", str(err.value))
+    record("run state", "the disk fills while the runner writes the report", stable(str(err.value)))
     assert "No space left on device" in str(err.value)
     (run_dir,) = (tmp_path / "runs").iterdir()
     manifest = _manifest(run_dir)
@@ -144,7 +153,7 @@ def test_a_full_disk_while_writing_run_json_still_ends_it(tmp_path, monkeypatch)
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     with pytest.raises(chain.ChainError) as err:
         chain.run_chain(_profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
-    record("run state", "the disk fills while the runner records run.json", str(err.value))
+    record("run state", "the disk fills while the runner records run.json", stable(str(err.value)))
     (run_dir,) = (tmp_path / "runs").iterdir()
     manifest = _manifest(run_dir)
     assert manifest["status"] == "failed" and "No space left on device" in manifest["failure"]["reason"]
@@ -180,7 +189,7 @@ def test_resume_refuses_a_run_whose_process_is_alive(tmp_path, capsys, two_labs)
     _mark_running(run_dir, os.getpid())          # this very process: alive
     rc = chain.main(["--resume", str(run_dir), "--from", "02_b", "--runs-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
-    record("resume", "--resume of a run whose process is still running", err)
+    record("resume", "--resume of a run whose process is still running", stable(err))
     assert rc == 1 and "still running" in err and str(os.getpid()) in err
     assert len(list((tmp_path / "runs").iterdir())) == 1     # no new run folder
 
@@ -192,7 +201,8 @@ def test_resume_of_a_run_whose_process_is_gone_says_so_and_proceeds(tmp_path, ca
     _mark_running(run_dir, dead.pid)
     rc = chain.main(["--resume", str(run_dir), "--from", "02_b", "--runs-dir", str(tmp_path / "runs")])
     out = capsys.readouterr()
-    record("resume", "--resume of a run marked running whose process is gone", out.out + out.err)
+    note = next(line for line in out.out.splitlines() if line.startswith("note:"))
+    record("resume", "--resume of a run marked running whose process is gone", stable(note))
     assert rc == 0, out.err
     assert str(dead.pid) in out.out + out.err and "interrupted" in out.out + out.err
     old = _manifest(run_dir)
@@ -235,7 +245,7 @@ def test_resume_refuses_what_does_not_validate_and_its_command_works(tmp_path, c
     damage(run_dir)
     rc = chain.main(["--resume", str(run_dir), "--from", "02_b", "--runs-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err
-    record("resume", case, err)
+    record("resume", case, stable(err))
     assert rc == 1 and "01_a" in err, err
     assert len(list((tmp_path / "runs").iterdir())) == 1, "a run folder was made for a refused resume"
     cmd = err.split("fix it, then: ")[1].splitlines()[0] if "fix it, then: " in err else \
@@ -263,7 +273,7 @@ def test_the_fix_it_command_for_a_broken_earlier_result_works_when_followed(tmp_
     with pytest.raises(chain.ChainError) as err:
         chain.run_chain(_profile(tmp_path), labs=chain.discover_labs(two_labs), runs_dir=tmp_path / "runs")
     msg = str(err.value)
-    record("resume", case, msg)
+    record("resume", case, stable(msg))
     cmd = msg.split("fix it, then: ")[1].splitlines()[0]
     assert "--from 01_a" in cmd, msg
     shutil.rmtree(two_labs / "02_b")                                   # the fix: 02_b no longer damages 01_a
