@@ -58,16 +58,21 @@ def test_chain_runs_in_order_and_writes_report(tmp_path, labs):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="IPC sockets are Unix-only; elsewhere the chain keeps TCP")
-def test_chain_kernels_talk_over_ipc_and_leave_no_sockets(tmp_path, labs, capfd):
+def test_chain_kernels_talk_over_ipc_and_leave_no_sockets(tmp_path, labs, capfd, monkeypatch):
     """ipykernel 7 warns on every TCP start that the traffic is unencrypted: the chain's kernels use IPC,
     and their socket files go when the kernel does."""
+    private = tempfile.mkdtemp()        # the sockets go here, apart from other runs' kernels in /tmp
+    monkeypatch.setattr(tempfile, "tempdir", private)
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "quant-lab-kernel-*")))
+    assert before == set()
     run_dir = chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
     assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
     err = capfd.readouterr().err
     assert "without encryption" not in err, err
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "quant-lab-kernel-*"))) == before
     assert chain.kernel_manager_class()().transport == "ipc"
+    monkeypatch.undo()
+    os.rmdir(private)
 
 
 def test_failing_notebook_stops_chain_naming_notebook_and_cell(tmp_path, labs):
