@@ -14,18 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
+from ci import run_state
+from ci.machine import machine_problems
+from ci.notebook_output import strip_progress_bars
+from ci.profile_schema import ProfileError, lab_params, load_yaml, validate_profile
+from ci.run_state import Interrupted
 from utils.reporting import build_report
-from utils.results import atomic_write_json, atomic_write_text
 from utils.runs import REPO_ROOT, RUN_MANIFEST, RunsDirError, new_run_dir, runs_root
 
 LABS_DIR = REPO_ROOT / "labs"
@@ -35,6 +37,18 @@ KERNEL_HOOKS = Path(__file__).resolve().parent / "kernel_hooks"
 
 class ChainError(RuntimeError):
     """A profile or chain problem found before or while running, with what to do about it."""
+
+
+class NoResults(ChainError):
+    """A notebook ran to its end without writing its results.json."""
+
+
+class RunInterrupted(ChainError):
+    """The chain was stopped by a signal; the run is recorded `interrupted`."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 def discover_labs(labs_dir: Path = LABS_DIR) -> dict[str, Path]:
@@ -47,55 +61,56 @@ def discover_labs(labs_dir: Path = LABS_DIR) -> dict[str, Path]:
     return found
 
 
-def load_profile(name_or_path: str) -> dict:
+def load_profile(name_or_path: str, labs: dict[str, Path] | None = None) -> dict:
+    """A profile by name (ci/profiles/NAME.yaml) or path, checked against its schema: the top level and each
+    lab's section against that lab's parameters cell (the labs of labs/ unless given)."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILES_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
         raise ChainError(f"profile {name_or_path!r} not found (known: {known})")
-    profile = yaml.safe_load(path.read_text()) or {}
-    for key in ("name", "params", "labs"):
-        if key not in profile:
-            raise ChainError(f"profile {path} has no '{key}' section")
+    try:
+        profile = load_yaml(path)
+        validate_profile(profile, labs if labs is not None else discover_labs(), str(path))
+    except ProfileError as exc:
+        raise ChainError(str(exc)) from exc
     profile["_path"] = str(path.resolve())   # run.json keeps it, so a resume finds the same file
     return profile
 
 
 def lab_parameters(profile: dict, lab: str, notebook: Path, run_dir: Path) -> dict:
-    """Common params the notebook declares + the lab's own section (which must all be declared)."""
-    import papermill
-
-    declared = set(papermill.inspect_notebook(str(notebook)))
+    """Common params the notebook declares + the lab's own section (validate_profile has checked both)."""
+    declared = set(lab_params(notebook))
     if "run_dir" not in declared:
         raise ChainError(f"{notebook} declares no run_dir parameter (or papermill could not parse its "
                          "parameters cell: keep it to plain `name = value  # comment` lines)")
-    own = dict((profile["labs"] or {}).get(lab) or {})
-    unknown = sorted(set(own) - declared)
-    if unknown:
-        raise ChainError(f"profile {profile['name']!r} sets {unknown} for {lab}, which its notebook's "
-                         f"parameters cell does not declare (declared: {sorted(declared)})")
-    params = {k: v for k, v in (profile["params"] or {}).items() if k in declared}
-    params.update(own)
-    if "run_dir" in declared:
-        params["run_dir"] = str(run_dir)
+    params = {k: v for k, v in (profile.get("params") or {}).items() if k in declared}
+    params.update((profile.get("labs") or {}).get(lab) or {})
+    params["run_dir"] = str(run_dir)
     if "profile" in declared:
         params["profile"] = profile["name"]
     return params
 
 
-def check_common_params(profile: dict, labs: dict[str, Path]) -> None:
-    """Every key of the profile's `params` must be declared by at least one lab of the chain: a key that
-    no notebook reads would otherwise be dropped without a word (a misspelt or stale setting)."""
-    import papermill
+def check_profile(profile: dict, labs: dict[str, Path]) -> None:
+    """The whole profile against its schema (top level + every lab's parameters cell); ChainError if not."""
+    try:
+        validate_profile(profile, labs)
+    except ProfileError as exc:
+        raise ChainError(str(exc)) from exc
 
-    declared = set()
-    for notebook in labs.values():
-        declared |= set(papermill.inspect_notebook(str(notebook)))
-    unread = sorted(set(profile["params"] or {}) - declared)
-    if unread:
-        raise ChainError(f"profile {profile['name']!r} sets params {unread}, which no lab of the chain "
-                         f"declares in its parameters cell ({', '.join(labs)}): remove or rename them")
+
+
+check_common_params = check_profile     # the name other tests know
+
+
+def check_machine(profile: dict, to_run: list[str], labs: dict[str, Path]) -> None:
+    """ChainError listing the settings this machine cannot honour, each with what to set instead."""
+    problems = machine_problems(profile, to_run, labs)
+    if problems:
+        raise ChainError(f"profile {profile.get('_path', '<profile>')} cannot run on this machine (nothing was "
+                         "run):\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def _git_commit() -> str:
@@ -106,69 +121,26 @@ def _git_commit() -> str:
         return ""
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _failure_from(exc: BaseException, lab: str, notebook: Path) -> dict:
-    """What failed, where: papermill names the cell; anything else (a dead kernel) names the lab."""
-    cell = getattr(exc, "exec_count", None)
-    index = getattr(exc, "cell_index", None)
-    return {"lab": lab, "notebook": str(notebook),
-            "cell": f"[{cell}] (cell #{index})" if cell is not None or index is not None else "?",
-            "ename": getattr(exc, "ename", type(exc).__name__),
-            "evalue": str(getattr(exc, "evalue", exc)).strip()[:2000]}
-
-
-_WIDGET = "application/vnd.jupyter.widget-view+json"
-# tqdm's "43%|####  | 3/7 [00:01<00:02, 2.1it/s]", and without a total "0 examples [00:00, ? examples/s]"
-_BAR = re.compile(r"^[^\n]*(\d+%\|[^|]*\|\s*\d+/\d+ \[[^\]]*\]|\d+ \w+ \[\d+:\d+(:\d+)?, [^\]]*/s\])\s*$")
-
-
-def _is_progress(output) -> bool:
-    """A tqdm bar as a saved notebook holds it: a widget with no state (its first frame, "0/74", shown
-    as text or as "model not found" in JupyterLab) or stderr lines that are only bar updates."""
-    if output.get("output_type") == "display_data":
-        data = output.get("data", {})
-        return _WIDGET in data and set(data) <= {_WIDGET, "text/plain"} and bool(_BAR.match(data.get("text/plain", "")))
-    if output.get("output_type") == "stream" and output.get("name") == "stderr":
-        lines = [ln for ln in re.split(r"[\r\n]", output.get("text", "")) if ln.strip()]
-        return all(_BAR.match(ln) for ln in lines)            # also drops the blank lines tqdm leaves
-    return False
-
-
-def strip_progress_bars(notebook: Path) -> int:
-    """Remove progress bars from an executed notebook (live in JupyterLab, dead weight once saved);
-    every other output stays. Returns how many outputs went; the file is replaced atomically."""
-    import nbformat
-
-    nb = nbformat.read(str(notebook), as_version=4)
-    dropped = 0
-    for cell in nb.cells:
-        if cell.get("cell_type") == "code":
-            kept = [o for o in cell.get("outputs", []) if not _is_progress(o)]
-            dropped += len(cell.outputs) - len(kept)
-            cell.outputs = kept
-    if dropped:
-        text = nbformat.writes(nb)
-        atomic_write_text(notebook, text if text.endswith("\n") else text + "\n")   # as nbformat.write
-    return dropped
-
-
 def kernel_manager_class():
-    """The labs' kernel manager: on Linux and macOS the kernel talks over Unix-domain sockets (IPC) named
-    under the temp folder instead of TCP ports. The kernel is always on this machine, and ipykernel 7 prints
-    on every TCP start that the traffic is unencrypted, a warning a student cannot act on. Windows has no
-    IPC transport: None there, and nbclient's default (TCP)."""
-    if os.name != "posix":
-        return None
+    """The labs' kernel manager. Every one is remembered (run_state.track), so a run stopped by a signal shuts
+    its kernel down. On Linux and macOS the kernel talks over Unix-domain sockets (IPC) named under the temp
+    folder instead of TCP ports: the kernel is always on this machine, and ipykernel 7 prints on every TCP start
+    that the traffic is unencrypted, a warning a student cannot act on. Windows has no IPC: TCP there."""
     import tempfile
     import uuid
 
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    class IPCKernelManager(AsyncKernelManager):
+    class TrackedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            run_state.track(self)
+
+    if os.name != "posix":
+        return TrackedKernelManager
+
+    class IPCKernelManager(TrackedKernelManager):
         @default("transport")
         def _default_transport(self):
             return "ipc"
@@ -187,7 +159,10 @@ def check_resume(resume_from: Path) -> dict:
         raise ChainError(f"--resume {resume_from}: no such run folder. Give a folder made by python -m ci.run "
                          f"(they are under {runs_root()}, or the --runs-dir of that run); nothing was run")
     try:
-        return json.loads(manifest_file.read_text(encoding="utf-8"))
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        if not isinstance(manifest, dict):
+            raise ValueError(f"it holds a JSON {type(manifest).__name__}, not an object")
+        return manifest
     except (OSError, ValueError) as exc:
         raise ChainError(f"--resume {resume_from}: no readable {RUN_MANIFEST} in it ({exc}), so it is not a "
                          "run folder of python -m ci.run; give one that is; nothing was run") from exc
@@ -217,102 +192,138 @@ def fallback_warning(lab_dir: Path) -> str:
 
 def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from: str | None = None,
               resume_from: Path | None = None, runs_dir: Path | None = None, log=print) -> Path:
-    """Run the chain; return the run folder. Raises ChainError (after writing run.json) on failure."""
+    """Run the chain; return the run folder. Raises ChainError (after recording the run's end in run.json)."""
     import papermill
 
     labs = labs if labs is not None else discover_labs()
+    check_profile(profile, labs)
     order = [lab for lab in labs if lab not in set(profile.get("skip") or [])]
     if start_from is not None and start_from not in order:
         raise ChainError(f"--from {start_from!r} is not a lab of this chain: {order}")
-    for lab in profile["labs"] or {}:
-        if lab not in labs:
-            raise ChainError(f"profile {profile['name']!r} names lab {lab!r}, which has no notebook in labs/")
-    check_common_params(profile, labs)
-
-    if resume_from is not None:
-        check_resume(resume_from)
     to_run = order[order.index(start_from):] if start_from else order
     reused = order[: len(order) - len(to_run)]      # labs before --from: reused, not recomputed
-    for lab in reused:
-        if resume_from is None or not (Path(resume_from) / lab / "results.json").is_file():
-            raise ChainError(f"--from {start_from} needs complete results of {lab}: pass --resume RUN_DIR "
-                             "naming a run that has them; nothing was run")
-    try:
-        run_dir = new_run_dir(profile["name"], runs_dir)
-    except RunsDirError as exc:
-        raise ChainError(f"--runs-dir: {exc}") from exc
-    manifest = {"schema": "quant-lab/run", "schema_version": 1, "run_id": run_dir.name,
-                "profile": profile["name"], "profile_file": profile["_path"], "status": "running",
-                "started": _now(), "finished": None, "git_commit": _git_commit(),
+    if resume_from is not None:
+        earlier = check_resume(resume_from)
+        try:
+            run_state.check_not_running(Path(resume_from), earlier, build_report, log)
+        except ValueError as exc:
+            raise ChainError(str(exc)) from exc
+        bad = run_state.first_bad_lab(resume_from, reused, {e.get("lab"): e for e in earlier.get("labs") or []})
+        if bad:
+            why = bad[1].rstrip(".")
+            raise ChainError(f"--resume {resume_from}: {bad[0]} cannot be reused: {why}; nothing was run\n"
+                             f"  fix it, then: {resume_command(profile, Path(resume_from), bad[0], runs_dir)}")
+    elif reused:
+        raise ChainError(f"--from {start_from} needs complete results of {reused[0]}: pass --resume RUN_DIR "
+                         "naming a run that has them; nothing was run")
+    check_machine(profile, to_run, labs)
+
+    run_dir, now = None, run_state.now
+    manifest = {"schema": "quant-lab/run", "schema_version": 1, "run_id": None, "profile": profile["name"],
+                "profile_file": profile["_path"], "status": "running", "started": now(), "finished": None,
+                "git_commit": _git_commit(), **run_state.owner(),
                 "command": " ".join([Path(sys.executable).name, "-m", "ci.run", *sys.argv[1:]]),
                 "resumed_from": str(resume_from) if resume_from else None, "labs": [], "failure": None}
-
-    def save():
-        atomic_write_json(run_dir / RUN_MANIFEST, manifest)
-
-    for lab in reused:
-        src = Path(resume_from) / lab
-        shutil.copytree(src, run_dir / lab)
-        manifest["labs"].append({"lab": lab, "status": "reused", "from": str(src)})
-    save()
-
+    at = {"lab": None, "notebook": None, "out_nb": None, "entry": None, "t0": 0.0}
     env_backup = dict(os.environ)
-    # ci/kernel_hooks: the kernels' sitecustomize (utils/gpu_cap.py: a profile's GPU memory cap, peaks)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), str(KERNEL_HOOKS),
-                                                             os.environ.get("PYTHONPATH")]))
-    os.environ.update({k: str(v) for k, v in (profile.get("env") or {}).items()})
-    km = kernel_manager_class()
-    kernel_kwargs = {"kernel_manager_class": km} if km else {}
-    try:
-        for lab in to_run:
-            notebook = labs[lab]
-            entry = {"lab": lab, "status": "running", "notebook": f"{lab}/{notebook.name}"}
-            manifest["labs"].append(entry)
-            save()
-            (run_dir / lab).mkdir(exist_ok=True)
-            out_nb = run_dir / lab / notebook.name
-            t0 = time.monotonic()
-            log(f"[{lab}] running {notebook.relative_to(REPO_ROOT) if notebook.is_relative_to(REPO_ROOT) else notebook}")
+    with run_state.signals_raise():
+        try:
             try:
-                params = lab_parameters(profile, lab, notebook, run_dir)
-                papermill.execute_notebook(str(notebook), str(out_nb), parameters=params,
-                                           kernel_name=profile.get("kernel", "python3"),
-                                           cwd=str(notebook.parent), progress_bar=False,
-                                           execution_timeout=profile.get("cell_timeout_s"), **kernel_kwargs)
-                if not (run_dir / lab / "results.json").is_file():
-                    raise ChainError("the notebook ran to its end but wrote no results.json")
-                strip_progress_bars(out_nb)
-            except BaseException as exc:  # noqa: BLE001 - every failure must land in run.json
+                run_dir = new_run_dir(profile["name"], runs_dir)
+            except RunsDirError as exc:
+                raise ChainError(f"--runs-dir: {exc}") from exc
+            manifest["run_id"] = run_dir.name
+            run_state.save_manifest(run_dir, manifest)
+            for lab in reused:
+                src = Path(resume_from) / lab
+                shutil.copytree(src, run_dir / lab)
+                why = run_state.lab_problem(run_dir / lab, lab)
+                if why:
+                    raise ChainError(f"the copy of {src} does not validate: {why}")
+                manifest["labs"].append({"lab": lab, "status": "reused", "from": str(src)})
+            run_state.save_manifest(run_dir, manifest)
+            # ci/kernel_hooks: the kernels' sitecustomize (utils/gpu_cap.py: a profile's GPU memory cap, peaks)
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), str(KERNEL_HOOKS),
+                                                                     os.environ.get("PYTHONPATH")]))
+            os.environ.update({k: str(v) for k, v in (profile.get("env") or {}).items()})
+            for lab in to_run:
+                notebook = labs[lab]
                 rel = notebook.relative_to(REPO_ROOT) if notebook.is_relative_to(REPO_ROOT) else notebook
-                failure = {**_failure_from(exc, lab, rel), "executed_notebook": str(out_nb)}
-                entry.update(status="failed", seconds=round(time.monotonic() - t0, 1))
-                manifest.update(status="failed", finished=_now(), failure=failure)
-                save()
+                at.update(lab=lab, notebook=rel, out_nb=run_dir / lab / notebook.name, t0=time.monotonic(),
+                          entry={"lab": lab, "status": "running", "notebook": f"{lab}/{notebook.name}"})
+                manifest["labs"].append(at["entry"])
+                run_state.save_manifest(run_dir, manifest)
+                (run_dir / lab).mkdir(exist_ok=True)
+                log(f"[{lab}] running {rel}")
+                papermill.execute_notebook(str(notebook), str(at["out_nb"]),
+                                           parameters=lab_parameters(profile, lab, notebook, run_dir),
+                                           kernel_name=profile.get("kernel", "python3"), cwd=str(notebook.parent),
+                                           progress_bar=False, execution_timeout=profile.get("cell_timeout_s"),
+                                           kernel_manager_class=kernel_manager_class())
+                if not (run_dir / lab / "results.json").is_file():
+                    raise NoResults("the notebook ran to its end but wrote no results.json")
+                strip_progress_bars(at["out_nb"])
+                at["entry"].update(status="complete", seconds=round(time.monotonic() - at["t0"], 1))
+                at.update(lab=None, notebook=None, out_nb=None, entry=None)
+                warning = fallback_warning(run_dir / lab)
+                if warning:
+                    manifest.setdefault("warnings", []).append(f"{lab}: {warning}")
+                    log(f"[{lab}] WARNING: {warning}")
+                run_state.save_manifest(run_dir, manifest)
                 build_report(run_dir)
-                first_line = failure["evalue"].splitlines()[0] if failure["evalue"] else ""
-                raise ChainError(
-                    f"lab {lab} failed: notebook {failure['notebook']}, cell {failure['cell']}: "
-                    f"{failure['ename']}: {first_line}\n"
-                    f"  executed notebook kept at {out_nb}\n  run folder: {run_dir} (status: failed)\n"
-                    f"  fix it, then: {resume_command(profile, run_dir, lab, runs_dir)}") from exc
-            entry.update(status="complete", seconds=round(time.monotonic() - t0, 1))
-            warning = fallback_warning(run_dir / lab)
-            if warning:
-                manifest.setdefault("warnings", []).append(f"{lab}: {warning}")
-                log(f"[{lab}] WARNING: {warning}")
-            save()
+                log(f"[{lab}] complete in {manifest['labs'][-1]['seconds']} s")
+            manifest.update(status="complete", finished=now())
+            run_state.save_manifest(run_dir, manifest)
             build_report(run_dir)
-            log(f"[{lab}] complete in {entry['seconds']} s")
-    finally:
-        os.environ.clear()
-        os.environ.update(env_backup)
-
-    manifest.update(status="complete", finished=_now())
-    save()
-    build_report(run_dir)
+        except BaseException as exc:  # noqa: BLE001 - every way a run can end is recorded in run.json
+            if run_dir is None:
+                if isinstance(exc, Interrupted):
+                    raise RunInterrupted(f"{exc} before the run folder was made; nothing was run", exc.signum) from exc
+                raise
+            raise _end_run(exc, profile, run_dir, manifest, at, order, runs_dir) from exc
+        finally:
+            os.environ.clear()
+            os.environ.update(env_backup)
     for warning in manifest.get("warnings", []):
         log(f"WARNING: {warning}")
     return run_dir
+
+
+def _end_run(exc, profile, run_dir, manifest, at, order, runs_dir) -> ChainError:
+    """Record how the run ended (interrupted or failed), shut its kernels down, and word what to do next."""
+    stopped = run_state.shutdown_kernels() + getattr(exc, "kernels_stopped", 0)
+    interrupted = isinstance(exc, (Interrupted, KeyboardInterrupt))
+    if isinstance(exc, KeyboardInterrupt):
+        exc = Interrupted(2)
+    failure = run_state.failure_of(exc, at["lab"], at["notebook"], at["out_nb"], isinstance(exc, NoResults))
+    if at["entry"] is not None:
+        at["entry"]["seconds"] = round(time.monotonic() - at["t0"], 1)
+    if at["lab"] is None and not interrupted:
+        failure["reason"] = f"between labs, in the runner: {failure['reason']}"
+    status = "interrupted" if interrupted else "failed"
+    note = run_state.finish(run_dir, manifest, status, failure, build_report)
+    target, why = run_state.resume_target(run_dir, manifest, order, at["lab"])
+    cell = f", cell {failure['cell']}" + (f" ({failure['cell_source']!r})" if failure["cell_source"] else "") \
+        if failure.get("cell") else (", after its last cell" if isinstance(exc, NoResults) else "")
+    if at["lab"]:
+        head = (f"lab {at['lab']} {'was interrupted' if interrupted else 'failed'}: notebook {failure['notebook']}"
+                f"{cell}: {failure['reason']}")
+    else:
+        head = f"the run {'was interrupted' if interrupted else 'failed'}: {failure['reason']}"
+    kept = failure.get("executed_notebook")
+    lines = [head, run_state.hint(exc, profile, run_dir).rstrip("\n")]
+    if at["lab"]:
+        lines.append(f"  executed notebook kept at {kept}" if kept else
+                     "  no executed notebook was written (the kernel never started)")
+    if stopped:
+        lines.append(f"  {stopped} kernel(s) of this run shut down")
+    if note:
+        lines.append(f"  note: {note}")
+    lines += [why.rstrip("\n"), f"  run folder: {run_dir} (status: {status})",
+              f"  {'to go on' if interrupted else 'fix it, then'}: "
+              f"{resume_command(profile, run_dir, target, runs_dir)}"]
+    message = "\n".join(line for line in lines if line)
+    return RunInterrupted(message, exc.signum) if interrupted else ChainError(message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,8 +351,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--profile is required (try --list)")
         if args.resume and not args.start_from:
             ap.error("--resume needs --from LAB: the lab to start again from")
-        run_dir = run_chain(load_profile(args.profile), start_from=args.start_from,
-                            resume_from=args.resume, runs_dir=args.runs_dir)
+        run_dir = run_chain(load_profile(args.profile), start_from=args.start_from, resume_from=args.resume,
+                            runs_dir=args.runs_dir)
+    except RunInterrupted as exc:
+        print(f"ci.run: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except ChainError as exc:
         print(f"ci.run: {exc}", file=sys.stderr)
         return 1

@@ -84,3 +84,31 @@ def test_read_jsonl_names_the_file_and_line(tmp_path):
         results.read_jsonl(path)
     with pytest.raises(ValueError, match=r"d.jsonl line 1 has no b"):
         results.read_jsonl(path, check=lambda r: None if "b" in r else "has no b")
+
+
+def test_jsonl_data_errors_name_the_file_and_line(tmp_path):
+    """Bad bytes, bad JSON, a record that fails its check: each names the file and the line."""
+    from bad_input_table import record
+
+    p = tmp_path / "test.jsonl"
+    cases = [(b'{"q": 1}\n{"q": 2}\n{"q": "caf\xe9"}\n', "line 3", "a jsonl line that is not UTF-8"),
+             (b'{"q": 1}\n{"q": \n', "line 2", "a jsonl line cut short"),
+             (b'{"q": 1}\n[1, 2]\n', "line 2", "a jsonl line that is not an object")]
+    for raw, where, case in cases:
+        p.write_bytes(raw)
+        with pytest.raises(ValueError) as err:
+            results.read_jsonl(p)
+        record("data file", case, str(err.value))
+        assert str(p) in str(err.value) and where in str(err.value), str(err.value)
+
+
+def test_a_truncated_results_file_names_its_line_and_what_to_do(tmp_path):
+    from bad_input_table import record
+
+    results.write_results(tmp_path, "01_env", headline={"x": 1})
+    p = tmp_path / "results.json"
+    p.write_text(p.read_text()[:80])
+    with pytest.raises(results.ResultsError) as err:
+        results.read_results(tmp_path)
+    record("results file", "a truncated results.json", str(err.value))
+    assert str(p) in str(err.value) and "line" in str(err.value) and "rerun" in str(err.value)

@@ -23,6 +23,24 @@ class ResultsError(ValueError):
     """A results file is missing, incomplete, or of another schema."""
 
 
+# The layout every lab writes (write_results) and every reader may rely on; checked with jsonschema on read.
+RESULTS_SCHEMA = {
+    "type": "object",
+    "required": ["schema", "schema_version", "lab", "status", "headline", "verdicts", "figures", "data"],
+    "properties": {
+        "lab": {"type": "string"},
+        "status": {"type": "string"},
+        "written_at": {"type": "string"},
+        "platform": {"type": "object"},
+        "headline": {"type": "object"},
+        "verdicts": {"type": "array", "items": {"type": "object", "required": ["verdict"],
+                                                "properties": {"verdict": {"enum": ["ok", "warn", "fail", "info"]}}}},
+        "figures": {"type": "array", "items": {"type": "string"}},
+        "data": {"type": "object"},
+    },
+}
+
+
 def _jsonable(value: Any) -> Any:
     """Turn numpy/torch scalars, paths and tuples into plain JSON; refuse NaN/Inf silently turning into null."""
     if isinstance(value, dict):
@@ -76,7 +94,12 @@ def read_jsonl(path: str | os.PathLike, check: Callable[[Any], str | None] | Non
     check(record) returns why a record is wrong (or None); blank lines are skipped. Raises ValueError.
     """
     out = []
-    for i, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for i, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path} line {i} is not UTF-8 text (byte {exc.start + 1} of the line); "
+                             "save the file as UTF-8") from exc
         if not line.strip():
             continue
         try:
@@ -134,7 +157,12 @@ def read_results(lab_dir: str | os.PathLike) -> dict[str, Any]:
     try:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ResultsError(f"{path} is not valid JSON ({exc}); rerun that lab.") from exc
+        raise ResultsError(f"{path} is not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg}): "
+                           "cut short or edited; rerun that lab.") from exc
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ResultsError(f"{path} cannot be read ({exc}); rerun that lab.") from exc
+    if not isinstance(payload, dict):
+        raise ResultsError(f"{path} holds a JSON {type(payload).__name__}, not a results object; rerun that lab.")
     if payload.get("schema") != SCHEMA:
         raise ResultsError(f"{path} is not a quant-lab results file (schema={payload.get('schema')!r}).")
     if payload.get("schema_version") != SCHEMA_VERSION:
@@ -144,4 +172,11 @@ def read_results(lab_dir: str | os.PathLike) -> dict[str, Any]:
         )
     if payload.get("status") != "complete":
         raise ResultsError(f"{path} is not marked complete; rerun that lab.")
+    import jsonschema
+
+    problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(RESULTS_SCHEMA).iter_errors(payload))
+    if problem is not None:
+        key = ".".join(map(str, problem.absolute_path)) or problem.message.split("'")[1]
+        raise ResultsError(f"{path}: {key}: {problem.message} (not the layout write_results writes); "
+                           "rerun that lab.")
     return payload
