@@ -51,6 +51,7 @@ def default_dtype(path: str | Path, device: str):
 # device is "cuda" on ROCm, so its CUDA-only declaration passes): never "auto" on ROCm.
 ROCM_SAFE_GPTQ = ("gptq_torch", "gptq_triton")
 GPTQ_ENV = "QUANTLAB_GPTQ_BACKEND"
+QUANTLAB = "quantlab"   # the course's own W4A16 kernel: loaded through gptq_torch, then swapped (utils.quantlab_linear)
 
 
 def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
@@ -77,6 +78,8 @@ def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe
         rocm = getattr(record, "backend", "") == "rocm"
     if chosen == "auto":
         return "auto" if on_cpu else ("gptq_torch" if rocm else "gptq_triton")
+    if chosen == QUANTLAB and on_cpu and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"{source}={chosen!r} is a Triton kernel for a GPU; on a CPU use auto or gptq_torch")
     if rocm and rocm_safe and chosen not in ROCM_SAFE_GPTQ:
         raise ValueError(f"{source}={chosen!r} is not a GPTQ kernel that works on ROCm (GPTQModel 7.6: "
                          f"Marlin, Machete raise there, ExLlama v2 gives wrong results); use one of "
@@ -91,7 +94,10 @@ def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     from transformers import GPTQConfig
 
     q = _config(path)["quantization_config"]
-    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device, backend))
+    kernel = gptq_backend(device, backend)
+    if kernel == QUANTLAB:
+        from .quantlab_linear import LOADS_WITH as kernel
+    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=kernel)
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model"):
@@ -114,4 +120,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not is_gptq(path):
         model = model.to(device)
+    elif gptq_backend(device, backend) == QUANTLAB:
+        from .quantlab_linear import swap_gptq_linears
+        swap_gptq_linears(model)
     return model.eval()
