@@ -126,7 +126,8 @@ def main(argv=None) -> int:
             rows.append(row)
             if args.sweep and M in (1, 16):
                 base = w4a16_default_tile(M, K, N, 128, sms)
-                for bn, nw, f in itertools.product((32, 64, 128), (2, 4), (0.5, 1, 2)):
+                grid = [*itertools.product((32, 64, 128), (4,), (0.5, 1, 2)), *itertools.product((64, 128), (2, 8), (1,))]
+                for bn, nw, f in grid:
                     split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
                     tile = W4A16Tile(bn, 128, split, nw)
                     try:
