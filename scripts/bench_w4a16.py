@@ -1,12 +1,14 @@
 """The W4A16 kernel against GPTQModel's Marlin, the Int4 GEMV and bf16 at Qwen2.5-7B's linear shapes on a GPU.
 
     python scripts/bench_w4a16.py --out DIR [--rows 1 2 4 8 16] [--sweep] [--no-marlin]
+    python scripts/bench_w4a16.py --out DIR2 --marlin-into DIR/bench_w4a16.json   # Marlin's columns, later
 
 Per shape (q/o, k/v, gate/up, down projections; GPTQ Int4, group 128, sym, v1 zeros, random weights) and
 rows M: each kernel's relative L2 error against float64 x @ W (W the course's reference dequant), and its
 time per call under CUDA-graph replay with the weights read cold (the replays rotate over copies of the
 weights past 3x L2, utils.timing.time_cold; for Marlin over that many Marlin layers built from the same
-tensors). Then one eager call at M = 1 from Python (utils.timing.time_eager): the kernel's own function,
+tensors; --marlin-into adds them to an earlier run's rows, so the kernel can be timed while Marlin still
+builds). Then one eager call at M = 1 from Python (utils.timing.time_eager): the kernel's own function,
 the custom op through torch.ops, Marlin's layer. --sweep: also fixed tiles of the W4A16 kernel, to check
 its default. Marlin is built through GPTQModel (utils.gptq_kernels.build_kernel, its nvcc JIT on first use).
 Writes bench_w4a16.md and bench_w4a16.json into --out (refuses a folder that has them).
@@ -70,6 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-marlin", action="store_true")
+    ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_w4a16: torch sees no GPU here; run it on the GPU machine")
@@ -84,8 +87,34 @@ def main(argv=None) -> int:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows, sweep = [], []
+    earlier = None
+    if args.marlin_into:
+        earlier = json.loads(args.marlin_into.read_text())
+        rows, sweep = earlier["rows"], earlier["sweep"]
+    meta = {"device": dev, "torch": torch.__version__, "triton": __import__("triton").__version__,
+            "command": "python scripts/bench_w4a16.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if earlier:
+        meta["kernel_rows_from"] = earlier["meta"]
     for name, (K, N) in SHAPES.items():
         t, W = layer(K, N)
+        if earlier:
+            marlin, why = marlin_layers(t, max(2, -(-3 * l2 // (t["qweight"].numel() * 4)) + 1), log)
+            for row in (r for r in rows if r["shape"] == name):
+                x = torch.randn(row["M"], K, generator=torch.Generator().manual_seed(row["M"])).to("cuda", torch.float16)
+                if marlin:
+                    with torch.no_grad():
+                        row["marlin_rel"] = metrics.relative_l2(marlin[0](x).cpu(), x.double().cpu() @ W.double())
+                        row["marlin_us"] = cold_modules_us(marlin, x)
+                        if row["M"] == 1:
+                            row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
+                else:
+                    row["marlin_reason"] = why
+                log(f"{name} M={row['M']}: marlin {row.get('marlin_us')} us, rel {row.get('marlin_rel')}")
+            del marlin
+            torch.cuda.empty_cache()
+            write(args.out, meta, rows, sweep)
+            continue
         qw, qz, s = (t[k].cuda() for k in ("qweight", "qzeros", "scales"))
         wbf = W.t().contiguous().to("cuda", torch.bfloat16)
         copies = max(2, -(-3 * l2 // (qw.numel() * 4)) + 1)
@@ -122,7 +151,8 @@ def main(argv=None) -> int:
                 if marlin:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
-            log(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}))
+            log(f"{name} M={M}: ours {row['ours_us']:.1f} us ({row['ours_gbps']:.0f} GB/s, rel {row['ours_rel']:.2e}), "
+                f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if M == 1 else ""))
             rows.append(row)
             if args.sweep and M in (1, 16):
                 base = w4a16_default_tile(M, K, N, 128, sms)
@@ -140,13 +170,15 @@ def main(argv=None) -> int:
                     log(f"  sweep {name} M={M} {vars(tile)}: {us}")
         del marlin
         torch.cuda.empty_cache()
-    meta = {"device": dev, "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "command": "python scripts/bench_w4a16.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    (args.out / "bench_w4a16.json").write_text(json.dumps({"meta": meta, "rows": rows, "sweep": sweep}, indent=1))
-    (args.out / "bench_w4a16.md").write_text(markdown(meta, rows, sweep))
+        write(args.out, meta, rows, sweep)          # after every shape: a run cut short keeps its rows
     print(markdown(meta, rows, sweep))
     return 0
+
+
+def write(out: Path, meta, rows, sweep) -> None:
+    from utils.results import atomic_write_text
+    atomic_write_text(out / "bench_w4a16.json", json.dumps({"meta": meta, "rows": rows, "sweep": sweep}, indent=1))
+    atomic_write_text(out / "bench_w4a16.md", markdown(meta, rows, sweep))
 
 
 def markdown(meta, rows, sweep) -> str:

@@ -4,11 +4,12 @@
 # (.whl: bash ../shared/tools/device-wheels.sh; .gsm8k: see scripts/rehearsal_7b.sh's header.)
 #  1. tests/test_w4a16.py compiled for the GPU (TRITON_INTERPRET=0), while GPTQModel's Marlin builds (nvcc)
 #     in the background;
-#  2. scripts/bench_w4a16.py: the kernel against Marlin, the Int4 GEMV and bf16 at Qwen2.5-7B's shapes,
-#     M = 1..16, cold under CUDA graphs, and eager calls (SWEEP=1: also its tile sweep);
-#  3. the 7B-shaped random pair (scripts/make_7b_pair.py), then scripts/profile_decode.py: BF16 against
-#     Int4 (gptq_backend quantlab) per compiled decode step at batch 16, split by torch's profiler;
-#  4. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
+#  2. the 7B-shaped random pair (scripts/make_7b_pair.py);
+#  3. scripts/bench_w4a16.py: the kernel against the Int4 GEMV and bf16 at Qwen2.5-7B's shapes, M = 1..16,
+#     cold under CUDA graphs, and eager calls (SWEEP=1: also its tile sweep);
+#  4. scripts/profile_decode.py: BF16 against Int4 (gptq_backend quantlab) per compiled decode step at
+#     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
+#  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
@@ -27,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=c
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
 say "Marlin: building in the background"
-python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
+MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
 from utils import gptq, gptq_kernels
 qw, qz, s = gptq.pack_gptq_int4(torch.randn(256, 256), 128)
@@ -52,19 +53,26 @@ if [ ! -f "$W/models/build.json" ]; then
     && mv "$W/models.partial" "$W/models" || { say "build failed"; tail -20 /tmp/build.log; }
 fi
 
-say "waiting for Marlin's build"; wait $MARLIN; tail -3 /tmp/marlin_build.log
-say "kernel bench"
+say "kernel bench (Marlin's columns come later, once it is built)"
 sweep=; [ "${SWEEP:-0}" = 1 ] && sweep=--sweep
-timeout $(( $(left) - 300 > 60 ? $(left) - 300 : 60 )) python3 scripts/bench_w4a16.py --out /tmp/kbench $sweep 2>&1 | grep -v "^{" | tail -40
+timeout 150 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin $sweep 2>&1 | grep -v "^INFO\|gc.collect" | tail -40
 cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
 
-if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 120 ]; then
+if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 200 ]; then
   say "decode profile"
-  timeout $(( $(left) - 20 )) python3 scripts/profile_decode.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" \
-    --gptq-backend quantlab --out /tmp/profile 2>&1 | grep -v -i warn | tail -60
+  timeout 170 python3 scripts/profile_decode.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" \
+    --gptq-backend quantlab --out /tmp/profile 2>&1 | grep -v -i -e warn -e "^INFO\|gc.collect" | head -12
   cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
 fi
-if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 150 ]; then
+
+say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
+if [ -f /tmp/kbench/bench_w4a16.json ] && [ "$(left)" -gt 60 ]; then
+  timeout 90 python3 scripts/bench_w4a16.py --out /tmp/kbench2 --marlin-into /tmp/kbench/bench_w4a16.json 2>&1 |
+    grep -v "^INFO\|gc.collect" | tail -40
+  cp /tmp/kbench2/bench_w4a16.* "$OUT/" 2>/dev/null
+fi
+
+if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 120 ]; then
   say "Lab 03 settings"
   # shellcheck disable=SC2086
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT $(( $(left) - 10 )) \
