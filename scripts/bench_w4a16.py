@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-marlin", action="store_true")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if earlier:
         meta["kernel_rows_from"] = earlier["meta"]
-    for name, (K, N) in SHAPES.items():
+    for name, (K, N) in ((n, SHAPES[n]) for n in args.shapes):
         t, W = layer(K, N)
         if earlier:
             marlin, why = marlin_layers(t, max(2, -(-3 * l2 // (t["qweight"].numel() * 4)) + 1), log)
@@ -156,10 +157,9 @@ def main(argv=None) -> int:
             rows.append(row)
             if args.sweep and M in (1, 16):
                 base = w4a16_default_tile(M, K, N, 128, sms)
-                grid = [*itertools.product((32, 64, 128), (4,), (0.5, 1, 2)), *itertools.product((64, 128), (2, 8), (1,))]
-                for bn, nw, f in grid:
+                for bn, f, st in itertools.product((64, 128), (1, 2, 4), (2, 4)):
                     split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
-                    tile = W4A16Tile(bn, 128, split, nw)
+                    tile = W4A16Tile(bn, 128, split, 4, st)
                     try:
                         us = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=tl),
                                      (x, qw, qz, s))
@@ -202,9 +202,10 @@ def markdown(meta, rows, sweep) -> str:
         if r["M"] == 1:
             out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r['eager_op_us'])} | {f(r.get('eager_marlin_us'))} |")
     if sweep:
-        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | us |", "|---|---|---|---|---|---|"]
-        out += [f"| {s['shape']} | {s['M']} | {s['block_n']} | {s['num_warps']} | {s['split_k']} | {f(s['us'])} |"
-                for s in sweep]
+        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | stages | us |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {s['shape']} | {s['M']} | {s['block_n']} | {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} "
+                f"| {f(s['us'])} |" for s in sweep]
     return "\n".join(out) + "\n"
 
 
