@@ -147,3 +147,20 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1") as e:
         call(torch.randn(1, 256), t, 64, 1)
     record("kernel", "w4a16_matmul on a CPU without Triton's interpreter", str(e.value))
+
+
+@pytest.mark.parametrize("K,N,split,stages", [(3584, 3584, 14, 2), (3584, 512, 28, 2), (3584, 18944, 4, 4),
+                                              (18944, 3584, 19, 4)])
+def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, stages):
+    # the GPU rule (132 SMs): ~8 programs per SM over whole K steps, the deep pipeline from 4 steps a program,
+    # the same tile for every M (a batch changes no summation order)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tiles = {w4a16.w4a16_default_tile(m, K, N, 128, 132) for m in (1, 5, 16)}
+    assert tiles == {w4a16.W4A16Tile(64, 128, split, 4, stages)}
+    steps, per = K // 128, -(-K // 128 // split)
+    assert (split - 1) * per < steps <= split * per                 # no program without a K step
+
+
+def test_block_k_divides_k_and_the_group():
+    assert [w4a16.w4a16_block_k(256, g) for g in (16, 32, 64, 128, 256)] == [16, 32, 64, 128, 128]
+    assert w4a16.w4a16_block_k(96, 32) == 32 and w4a16.w4a16_block_k(80, 16) == 16

@@ -48,19 +48,26 @@ def w4a16_block_k(K: int, group_size: int) -> int:
     return b
 
 
+PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per SM (docs/kernels.md)
+DEEP_STAGES_FROM = 4          # K steps per program from which the loop keeps 4 steps' loads in flight, not 2
+
+
 def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int) -> W4A16Tile:
-    """The tile a call gets unless told otherwise: 64 columns on 4 warps, and the split-K that gives
-    about four programs per SM (enough loads in flight to stream the weight), each over whole K steps.
+    """The tile a call gets unless told otherwise: 64 columns on 4 warps; the split-K that gives about
+    PROGRAMS_PER_SM programs per SM, each over whole K steps; a 4-deep load pipeline when a program has
+    DEEP_STAGES_FROM steps or more, else 2. Chosen from a cold sweep on the H100 at Qwen2.5-7B's shapes, M = 1
+    and 16 (docs/kernels.md); the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter a small tile (it is slow per program, not per element)."""
     block_k = w4a16_block_k(K, group_size)
     if interpreted():
-        return W4A16Tile(16, block_k, 1, 1)
+        return W4A16Tile(16, block_k, 1, 1, 1)
     block_n = 64
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
-    split = max(1, min(steps, triton.cdiv(4 * max(sms, 1), n_blocks)))
-    split = triton.cdiv(steps, triton.cdiv(steps, split))      # no program left without a K step
-    return W4A16Tile(block_n, block_k, split, 4, 2)
+    split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), n_blocks)))
+    per = triton.cdiv(steps, split)
+    split = triton.cdiv(steps, per)                             # no program left without a K step
+    return W4A16Tile(block_n, block_k, split, 4, 4 if per >= DEEP_STAGES_FROM else 2)
 
 
 class W4A16Plan:
