@@ -58,3 +58,20 @@ def test_quantlab_is_a_backend_name_and_refused_on_a_plain_cpu(monkeypatch):
     with pytest.raises(ValueError, match="gptq_backend='quantlab' is a Triton kernel for a GPU") as e:
         models.gptq_backend("cpu", "quantlab")
     record("gptq_backend", "quantlab on a CPU", str(e.value))
+
+
+def test_the_fixture_loads_with_quantlab_and_generates_as_gptq_torch(monkeypatch):
+    """load_model(backend='quantlab') on the trained fixture's Int4 model: every GPTQ layer swapped, and greedy
+    generations identical to GPTQModel's torch kernel on the same checkpoint (CPU, fp16, interpreter)."""
+    monkeypatch.delenv(models.GPTQ_ENV, raising=False)
+    path = "fixtures/tiny-qwen2-gsm/gptq-int4"
+    tok = models.load_tokenizer(path)
+    ids = tok("Question: 3 apples and 4 more apples?\nAnswer:", return_tensors="pt").input_ids
+    outs = {}
+    for backend in ("gptq_torch", "quantlab"):
+        model = models.load_model(path, "cpu", torch.float16, backend=backend)
+        kinds = {type(m).__name__ for m in model.modules() if hasattr(m, "qweight")}
+        assert kinds == ({"QuantlabLinear"} if backend == "quantlab" else {"TorchLinear"}), kinds
+        with torch.no_grad():
+            outs[backend] = model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:].tolist()
+    assert outs["quantlab"] == outs["gptq_torch"], outs

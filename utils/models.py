@@ -57,7 +57,8 @@ QUANTLAB = "quantlab"   # the course's own W4A16 kernel: loaded through gptq_tor
 def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
     """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set (an override), else `requested`
     (a lab's gptq_backend parameter); "auto" means "auto" on CPU, "gptq_torch" on ROCm, "gptq_triton" on
-    another GPU. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
+    another GPU. "quantlab" is the course's own W4A16 kernel (utils.quantlab_linear: loaded through gptq_torch,
+    then swapped), refused on a CPU outside Triton's interpreter. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
     that does not work on ROCm is refused there (ValueError naming the parameter).
 
     Why not "auto" on an NVIDIA GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete

@@ -57,10 +57,10 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int) -> W4A
     PROGRAMS_PER_SM programs per SM, each over whole K steps; a 4-deep load pipeline when a program has
     DEEP_STAGES_FROM steps or more, else 2. Chosen from a cold sweep on the H100 at Qwen2.5-7B's shapes, M = 1
     and 16 (docs/kernels.md); the same rule for every M up to 16, so a batch changes no summation order.
-    Under the interpreter a small tile (it is slow per program, not per element)."""
+    Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element)."""
     block_k = w4a16_block_k(K, group_size)
-    if interpreted():
-        return W4A16Tile(16, block_k, 1, 1, 1)
+    if interpreted():             # numpy's cost is per program and step: few, wide programs
+        return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1)
     block_n = 64
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
@@ -170,7 +170,7 @@ def w4a16_dequant(qweight, qzeros, scales, g_idx=None, group_size: int = 128, ze
     _check_device(probe)
     _check_operands(probe, qweight, qzeros, scales, g_idx, None, group_size, zero_format)
     w = torch.empty((K, N), device=qweight.device, dtype=dtype)
-    block_k, block_n = w4a16_block_k(K, group_size), (32 if interpreted() else 128)
+    block_k, block_n = w4a16_block_k(K, group_size), (256 if interpreted() else 128)
     _w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
         qweight, qzeros, scales, qweight if g_idx is None else g_idx, w, K, N, GROUP=group_size,
         ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=g_idx is not None, BLOCK_N=block_n,
