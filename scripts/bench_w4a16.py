@@ -157,9 +157,10 @@ def main(argv=None) -> int:
             rows.append(row)
             if args.sweep and M in (1, 16):
                 base = w4a16_default_tile(M, K, N, 128, sms)
-                for bn, f, st in itertools.product((64, 128), (1, 2, 4), (2, 4)):
+                grid = [*itertools.product((64,), (0.5, 1, 2), (2, 4), (False, True)), (128, 1, 4, False), (128, 1, 4, True)]
+                for bn, f, st, by_rows in grid:
                     split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
-                    tile = W4A16Tile(bn, 128, split, 4, st)
+                    tile = W4A16Tile(bn, 128, split, 4, st, by_rows)
                     try:
                         us = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=tl),
                                      (x, qw, qz, s))
@@ -202,10 +203,10 @@ def markdown(meta, rows, sweep) -> str:
         if r["M"] == 1:
             out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r['eager_op_us'])} | {f(r.get('eager_marlin_us'))} |")
     if sweep:
-        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | stages | us |",
-                "|---|---|---|---|---|---|---|"]
+        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | stages | unpack | us |",
+                "|---|---|---|---|---|---|---|---|"]
         out += [f"| {s['shape']} | {s['M']} | {s['block_n']} | {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} "
-                f"| {f(s['us'])} |" for s in sweep]
+                f"| {'rows' if s.get('rows') else 'reshape'} | {f(s['us'])} |" for s in sweep]
     return "\n".join(out) + "\n"
 
 

@@ -164,3 +164,14 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, stages
 def test_block_k_divides_k_and_the_group():
     assert [w4a16.w4a16_block_k(256, g) for g in (16, 32, 64, 128, 256)] == [16, 32, 64, 128, 128]
     assert w4a16.w4a16_block_k(96, 32) == 32 and w4a16.w4a16_block_k(80, 16) == 16
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_both_unpackings_give_the_same_bits(act_order):
+    t, w = layer(K=256, group=64, sym=False, act_order=act_order, bias=True, seed=11)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    reshaped = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=False))
+    by_rows = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=True))
+    assert torch.equal(reshaped, by_rows)
+    ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
+    assert metrics.relative_l2(by_rows.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 256)

@@ -31,12 +31,14 @@ ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus
 @dataclass(frozen=True)
 class W4A16Tile:
     """The launch shape: columns per program, K rows per step, split-K, warps, and the loop's pipeline depth
-    (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed)."""
+    (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
+    codes are unpacked (rows: each word loaded once per row it feeds; False: loaded once, then a reshape)."""
     block_n: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int = 2
+    rows: bool = False
 
 
 def w4a16_block_k(K: int, group_size: int) -> int:
@@ -79,7 +81,7 @@ class W4A16Plan:
         self.act_order, self.has_bias = act_order, has_bias
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                      SPLIT_K=tile.split_k, PRECISION=precision)
+                      SPLIT_K=tile.split_k, PRECISION=precision, ROWS=tile.rows)
         self.gemm = _Launch(_w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None

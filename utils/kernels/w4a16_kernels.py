@@ -18,16 +18,22 @@ import triton.language as tl
 
 @triton.jit
 def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-                  ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr):
-    """W[kb BLOCK_K : (kb + 1) BLOCK_K, rn] dequantized, [BLOCK_K, BLOCK_N] in the scales' dtype."""
-    rw = kb * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
-    q = tl.load(qw_ptr + rw[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
-                eviction_policy="evict_first")                       # read once per call: keep L2 for the rest
-    shifts = tl.arange(0, 8) * 4
-    # code n as the fp16 number 1024 + n (bits 0x6400 | n): no int-to-float conversion, which runs at a
-    # quarter of the rate of the other instructions and, per weight, set the kernel's pace; then
+                  ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, ROWS: tl.constexpr = False):
+    """W[kb BLOCK_K : (kb + 1) BLOCK_K, rn] dequantized, [BLOCK_K, BLOCK_N] in the scales' dtype. ROWS: load
+    each packed word once per row it feeds (L1 serves the repeats) instead of once, unpacked by a reshape."""
+    # code n as the fp16 number 1024 + n (bits 0x6400 | n), no int-to-float conversion; then
     # (1024 + n) - (1024 + z) = n - z exactly, and one multiply by s: the reference's single rounding.
-    magic = tl.reshape(((q[:, None, :] >> shifts[None, :, None]) & 0xF) | 0x6400, (BLOCK_K, q.shape[1]))
+    if ROWS:
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        q = tl.load(qw_ptr + (rk // 8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                    eviction_policy="evict_first")
+        magic = ((q >> ((rk % 8) * 4)[:, None]) & 0xF) | 0x6400
+    else:
+        rw = kb * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q = tl.load(qw_ptr + rw[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                    eviction_policy="evict_first")                   # read once per call: keep L2 for the rest
+        shifts = tl.arange(0, 8) * 4
+        magic = tl.reshape(((q[:, None, :] >> shifts[None, :, None]) & 0xF) | 0x6400, (BLOCK_K, q.shape[1]))
     codes = magic.to(tl.int16).to(tl.float16, bitcast=True)
     zshift = (rn % 8) * 4
     if ACT_ORDER:                                     # each row its own group: scales and zeros per element
@@ -49,7 +55,7 @@ def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.cons
 def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
                   GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, ROWS: tl.constexpr):
     """One column block (program_id 0) over one range of K blocks (program_id 1). SPLIT_K == 1: y written
     here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N]."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -64,7 +70,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rk = tl.arange(0, BLOCK_K)
     for kb in range(first, last):
-        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER)
+        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER, ROWS)
         xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * BLOCK_K + rk)[None, :], mask=mmask[:, None], other=0.0)
         acc = tl.dot(xt, w.to(xt.dtype), acc, input_precision=PRECISION)
     omask = mmask[:, None] & nmask[None, :]
