@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-TRITON_INTERPRET=0 timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_gemv.py tests/test_timing.py \
+TRITON_INTERPRET=0 timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_gemv.py tests/test_w4a16.py tests/test_timing.py \
     2>&1 | tee "$out/tests.log" | tail -15
 tests=${PIPESTATUS[0]}
 sweep=--sweep; [ "${SWEEP:-1}" = 0 ] && sweep=

@@ -45,12 +45,18 @@ def test_torch_kernels_run_and_agree_and_leave_the_tensors_alone():
 def test_kernels_that_cannot_run_here_are_rows_with_the_librarys_reason():
     t = _layer()
     rows = {r["backend"]: r for r in gptq_kernels.compare_kernels(t, "cpu", repeats=2)}
-    assert set(rows) == set(gptq_kernels.kernel_classes()) | {gptq_kernels.GEMV}
+    assert set(rows) == set(gptq_kernels.kernel_classes()) | {gptq_kernels.GEMV, gptq_kernels.QUANTLAB}
     for name in ("gptq_marlin", "gptq_triton", "gptq_exllama_v2", "gptq_machete", gptq_kernels.GEMV):
         r = rows[name]
         assert r["runs"] is False and r["ok"] is None and r["rel_l2"] is None, r
         assert "cuda" in r["reason"].lower() or "cpu" in r["reason"].lower(), r
     assert rows["gptq_torch"]["runs"] and rows["gptq_torch"]["ok"]
+    assert rows["gptq_torch"]["us_at_1_rows"] > 0 and rows["gptq_torch"]["us_at_16_rows"] > 0
+    # the course's W4A16 kernel runs here through Triton's interpreter (TRITON_INTERPRET=1), within its bound,
+    # at 1 and 16 rows
+    q = rows[gptq_kernels.QUANTLAB]
+    assert q["runs"] and q["ok"] and 0 < q["rel_l2"] <= q["tolerance"], q
+    assert q["us_at_1_rows"] > 0 and q["us_at_16_rows"] > 0
     with pytest.raises(gptq_kernels.KernelUnavailable, match="gptq_marlin"):
         gptq_kernels.build_kernel("gptq_marlin", t, "cpu")
 

@@ -19,6 +19,8 @@ from .metrics import relative_l2
 from .timing import time_op
 
 GEMV = "int4_gemv (quant-lab)"   # the row of the project's own Triton GEMV (utils.kernels.int4_gemv)
+QUANTLAB = "quantlab"            # the row of the course's W4A16 kernel (utils.kernels.w4a16_matmul, gptq_backend quantlab)
+TIMED_ROWS = (1, 16)             # rows of x each running kernel is also timed at: a decode step at batch 1 and 16
 
 
 class KernelUnavailable(RuntimeError):
@@ -121,20 +123,28 @@ def _built(backend, cls, tensors, device, dtype, bits, group_size, sym, desc_act
 
 
 def _row(backend, kernel, call, x, ref, device, repeats) -> dict:
-    """Run call(x) once against ref, then time it (utils.timing.time_op: CUDA events or perf_counter)."""
+    """Run call(x) once against ref, then time it (utils.timing.time_op: CUDA events or perf_counter), and
+    at each of TIMED_ROWS rows of x (us_at_rows; None where the kernel refuses that many rows)."""
     with torch.no_grad():
         out = call(x)
         rel = relative_l2(out, ref)
         tol = gptq.kernel_tolerance(kernel, out.dtype, x.dtype, x.shape[-1])
         us = statistics.median(time_op(lambda: call(x), device, warmup=3, repeats=repeats)) * 1e6
+        at_rows = {}
+        for m in TIMED_ROWS:
+            xm = x[:1].expand(m, -1).contiguous()
+            try:
+                at_rows[m] = statistics.median(time_op(lambda: call(xm), device, warmup=3, repeats=repeats)) * 1e6
+            except Exception:  # noqa: BLE001 - a batch-1 kernel at 16 rows: not timed there
+                at_rows[m] = None
     return {"backend": backend, "kernel": kernel, "runs": True, "ok": bool(rel <= tol), "rel_l2": rel,
-            "tolerance": tol, "us_per_call": us, "reason": None}
+            "tolerance": tol, "us_per_call": us, **{f"us_at_{m}_rows": v for m, v in at_rows.items()}, "reason": None}
 
 
 def _absent(backend, kernel, reason) -> dict:
     reason = " ".join(str(reason).split())      # one line, cut short: the table shows it whole
     return {"backend": backend, "kernel": kernel, "runs": False, "ok": None, "rel_l2": None, "tolerance": None,
-            "us_per_call": None, "reason": reason[:240]}
+            "us_per_call": None, **{f"us_at_{m}_rows": None for m in TIMED_ROWS}, "reason": reason[:240]}
 
 
 def _gemv_row(tensors, x, ref, device, group_size, repeats) -> dict:
@@ -158,14 +168,38 @@ def _gemv_row(tensors, x, ref, device, group_size, repeats) -> dict:
         return _absent(GEMV, name, f"{type(exc).__name__}: {exc}")
 
 
+def _quantlab_row(tensors, x, ref, device, group_size, repeats) -> dict:
+    """The course's W4A16 kernel on the same v1 tensors (gptq_backend quantlab runs it on the loaded ones)."""
+    from .kernels import interpreted
+
+    name = "QuantlabLinear (utils.kernels.w4a16_matmul)"
+    if device.type != "cuda" and not interpreted():
+        return _absent(QUANTLAB, name, f"the W4A16 kernel is a Triton kernel for a GPU; this device is {device.type}")
+    from .kernels.w4a16 import w4a16_matmul
+
+    qw, qz, s = (tensors[k].to(device) for k in ("qweight", "qzeros", "scales"))
+    g_idx = tensors.get("g_idx")
+    n_in = qw.shape[0] * 8
+    if g_idx is not None and torch.equal(g_idx.cpu().long(), torch.arange(n_in) // group_size):
+        g_idx = None
+    g_idx = None if g_idx is None else g_idx.to(device, torch.int32)
+    bias = tensors["bias"].to(device) if tensors.get("bias") is not None else None
+    try:
+        call = lambda v: w4a16_matmul(v, qw, qz, s, g_idx, bias, group_size, 1)  # noqa: E731
+        return _row(QUANTLAB, name, call, x, ref, device, repeats)
+    except Exception as exc:  # noqa: BLE001 - kept in the table with its reason
+        return _absent(QUANTLAB, name, f"{type(exc).__name__}: {exc}")
+
+
 def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | None = None, batch: int = 1,
                     repeats: int = 20, bits: int = 4, group_size: int = 128, sym: bool = True,
                     desc_act: bool = False, seed: int = 0, compile_extensions: bool = False) -> list[dict]:
-    """One row per GPTQ kernel (all of kernel_classes() when backends is None, plus the project's int4_gemv):
+    """One row per GPTQ kernel (all of kernel_classes() when backends is None, plus the project's int4_gemv
+    and W4A16 kernel, gptq_backend quantlab):
     backend, kernel class, runs, reason (why not, in the library's words), rel_l2 of its output on random
     activations [batch, in] in `dtype` (default the scales') against float64 x @ W.T with W from
     utils.gptq.dequantize, the derived tolerance, ok (rel_l2 <= tolerance; False is a finding, not an
-    error) and us_per_call (median of `repeats` timed calls). Rows that cannot run are kept, with why.
+    error), us_per_call (median of `repeats` timed calls) and us_at_<m>_rows for m in TIMED_ROWS. Rows that cannot run are kept, with why.
     compile_extensions: let GPTQModel compile the CUDA extensions it lacks (minutes each; see `compiling`)."""
     classes = kernel_classes(bits, sym)
     names = list(classes) if backends is None else list(backends)
@@ -196,4 +230,5 @@ def compare_kernels(tensors: dict, device, backends=None, dtype: torch.dtype | N
             rows.append(_absent(name, classes[name].__name__, f"forward: {type(exc).__name__}: {exc}"))
     if backends is None:
         rows.append(_gemv_row(tensors, x, ref, device, group_size, repeats))
+        rows.append(_quantlab_row(tensors, x, ref, device, group_size, repeats))
     return rows

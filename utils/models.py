@@ -60,6 +60,8 @@ GPTQ_KERNELS = {name: "gptqmodel" for name in (
     "auto", "auto_trainable", "gptq_torch", "gptq_torch_aten", "gptq_torch_fused", "gptq_torch_int8", "gptq_triton",
     "gptq_marlin", "gptq_machete", "gptq_exllama_v2", "gptq_bitblas", "gptq_swordfish", "gptq_w4afp8",
     "gptq_w4a_nvfp4", "mlx")}
+QUANTLAB = "quantlab"   # the course's own W4A16 kernel: loaded through gptq_torch, then swapped (utils.quantlab_linear)
+GPTQ_KERNELS[QUANTLAB] = "quant-lab"
 
 
 def kernel_name(requested="auto") -> tuple[str, str]:
@@ -82,7 +84,8 @@ def kernel_name(requested="auto") -> tuple[str, str]:
 def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
     """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set (an override), else `requested`
     (a lab's gptq_backend parameter); "auto" means "auto" on CPU, "gptq_torch" on ROCm, "gptq_triton" on
-    another GPU. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
+    another GPU. "quantlab" is the course's own W4A16 kernel (utils.quantlab_linear: loaded through gptq_torch,
+    then swapped), refused on a CPU outside Triton's interpreter. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
     that does not work on ROCm is refused there (ValueError naming the parameter).
 
     Why not "auto" on an NVIDIA GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete
@@ -99,6 +102,8 @@ def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe
         rocm = getattr(record, "backend", "") == "rocm"
     if chosen == "auto":
         return "auto" if on_cpu else ("gptq_torch" if rocm else "gptq_triton")
+    if chosen == QUANTLAB and on_cpu and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"{source}={chosen!r} is a Triton kernel for a GPU; on a CPU use auto or gptq_torch")
     if rocm and rocm_safe and chosen not in ROCM_SAFE_GPTQ:
         raise ValueError(f"{source}={chosen!r} is not a GPTQ kernel that works on ROCm (GPTQModel 7.6: "
                          f"Marlin, Machete raise there, ExLlama v2 gives wrong results); use one of "
@@ -113,7 +118,10 @@ def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     from transformers import GPTQConfig
 
     q = _config(path)["quantization_config"]
-    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=gptq_backend(device, backend))
+    kernel = gptq_backend(device, backend)
+    if kernel == QUANTLAB:
+        from .quantlab_linear import LOADS_WITH as kernel
+    return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=kernel)
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model"):
@@ -139,4 +147,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not is_gptq(path):
         model = model.to(device)
+    elif gptq_backend(device, backend) == QUANTLAB:
+        from .quantlab_linear import swap_gptq_linears
+        swap_gptq_linears(model)
     return model.eval()

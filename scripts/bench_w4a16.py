@@ -1,0 +1,214 @@
+"""The W4A16 kernel against GPTQModel's Marlin, the Int4 GEMV and bf16 at Qwen2.5-7B's linear shapes on a GPU.
+
+    python scripts/bench_w4a16.py --out DIR [--rows 1 2 4 8 16] [--sweep] [--no-marlin]
+    python scripts/bench_w4a16.py --out DIR2 --marlin-into DIR/bench_w4a16.json   # Marlin's columns, later
+
+Per shape (q/o, k/v, gate/up, down projections; GPTQ Int4, group 128, sym, v1 zeros, random weights) and
+rows M: each kernel's relative L2 error against float64 x @ W (W the course's reference dequant), and its
+time per call under CUDA-graph replay with the weights read cold (the replays rotate over copies of the
+weights past 3x L2, utils.timing.time_cold; for Marlin over that many Marlin layers built from the same
+tensors; --marlin-into adds them to an earlier run's rows, so the kernel can be timed while Marlin still
+builds). Then one eager call at M = 1 from Python (utils.timing.time_eager): the kernel's own function,
+the custom op through torch.ops, Marlin's layer. --sweep: also fixed tiles of the W4A16 kernel, to check
+its default. Marlin is built through GPTQModel (utils.gptq_kernels.build_kernel, its nvcc JIT on first use).
+Writes bench_w4a16.md and bench_w4a16.json into --out (refuses a folder that has them).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from utils import gptq, metrics, timing  # noqa: E402
+from utils.kernels import cache, int4_gemv  # noqa: E402
+from utils.kernels.w4a16 import W4A16Tile, w4a16_default_tile, w4a16_matmul, w4a16_op  # noqa: E402
+
+SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
+          "down_proj": (18944, 3584)}
+
+
+def median_us(fn, repeats=3) -> float:
+    return statistics.median(fn() for _ in range(repeats)) * 1e6
+
+
+def cold_us(call, operands) -> float:
+    return median_us(lambda: timing.time_cold(call, operands, "cuda"))
+
+
+def cold_modules_us(mods, x) -> float:
+    """Graph replays cycling over `mods` (each its own copy of the weights), so each call reads cold."""
+    it = itertools.cycle(mods)
+    return median_us(lambda: timing.time_kernel(lambda: next(it)(x), "cuda"))
+
+
+def layer(K, N, seed=0):
+    w = torch.randn(K, N, generator=torch.Generator().manual_seed(seed)) * 0.02
+    qw, qz, s = gptq.pack_gptq_int4(w, 128)
+    W = gptq.dequantize(qw, qz, s, None, 4, "gptq", 128).t()              # [K, N] fp16, the reference
+    return {"qweight": qw, "qzeros": qz, "scales": s, "g_idx": (torch.arange(K) // 128).to(torch.int32)}, W
+
+
+def marlin_layers(tensors, n, log):
+    from utils import gptq_kernels
+    try:
+        return [gptq_kernels.build_kernel("gptq_marlin", tensors, "cuda", torch.float16, compile_extensions=True)
+                for _ in range(n)], None
+    except Exception as exc:  # noqa: BLE001 - the row says why
+        log(f"marlin unavailable: {exc}")
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-marlin", action="store_true")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_w4a16: torch sees no GPU here; run it on the GPU machine")
+    bad = [m for m in args.rows if not 1 <= m <= 16]
+    if bad:
+        raise SystemExit(f"--rows: {bad} outside 1..16 (the kernel's fused range)")
+    if (args.out / "bench_w4a16.json").exists():
+        raise SystemExit(f"--out: {args.out} already holds bench_w4a16.json; pass a new folder")
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    dev = torch.cuda.get_device_name(0)
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, sweep = [], []
+    earlier = None
+    if args.marlin_into:
+        earlier = json.loads(args.marlin_into.read_text())
+        rows, sweep = earlier["rows"], earlier["sweep"]
+    meta = {"device": dev, "torch": torch.__version__, "triton": __import__("triton").__version__,
+            "command": "python scripts/bench_w4a16.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if earlier:
+        meta["kernel_rows_from"] = earlier["meta"]
+    for name, (K, N) in ((n, SHAPES[n]) for n in args.shapes):
+        t, W = layer(K, N)
+        if earlier:
+            marlin, why = marlin_layers(t, max(2, -(-3 * l2 // (t["qweight"].numel() * 4)) + 1), log)
+            for row in (r for r in rows if r["shape"] == name):
+                x = torch.randn(row["M"], K, generator=torch.Generator().manual_seed(row["M"])).to("cuda", torch.float16)
+                if marlin:
+                    with torch.no_grad():
+                        row["marlin_rel"] = metrics.relative_l2(marlin[0](x).cpu(), x.double().cpu() @ W.double())
+                        row["marlin_us"] = cold_modules_us(marlin, x)
+                        if row["M"] == 1:
+                            row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
+                else:
+                    row["marlin_reason"] = why
+                log(f"{name} M={row['M']}: marlin {row.get('marlin_us')} us, rel {row.get('marlin_rel')}")
+            del marlin
+            torch.cuda.empty_cache()
+            write(args.out, meta, rows, sweep)
+            continue
+        qw, qz, s = (t[k].cuda() for k in ("qweight", "qzeros", "scales"))
+        wbf = W.t().contiguous().to("cuda", torch.bfloat16)
+        copies = max(2, -(-3 * l2 // (qw.numel() * 4)) + 1)
+        marlin, why = (None, "--no-marlin") if args.no_marlin else marlin_layers(t, copies, log)
+        for M in args.rows:
+            x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to("cuda", torch.float16)
+            ref = x.double().cpu() @ W.double()
+            row = {"shape": name, "K": K, "N": N, "M": M,
+                   "bound": gptq.kernel_tolerance("QuantlabLinear", torch.float16, torch.float16, K)}
+            y = w4a16_matmul(x, qw, qz, s, None, None, 128, 1)
+            row["ours_rel"] = metrics.relative_l2(y.cpu(), ref)
+            row["ours_same_bits"] = all(torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y) for _ in range(3))
+            row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
+            row["tile"] = vars(w4a16_default_tile(M, K, N, 128, sms))
+            row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
+            row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
+            xb = x.to(torch.bfloat16)
+            row["bf16_us"] = cold_us(torch.nn.functional.linear, (xb, wbf))
+            if M == 1:
+                g = int4_gemv(x, qw, qz, s, 128)
+                row["gemv_rel"] = metrics.relative_l2(g.cpu(), ref)
+                row["gemv_us"] = cold_us(lambda a, b, c, d: int4_gemv(a, b, c, d, 128), (x, qw, qz, s))
+            if marlin:
+                with torch.no_grad():
+                    row["marlin_rel"] = metrics.relative_l2(marlin[0](x).cpu(), ref)
+                    row["marlin_us"] = cold_modules_us(marlin, x)
+            else:
+                row["marlin_reason"] = why
+            if M == 1:
+                plans = cache.plans_made
+                row["eager_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+                row["eager_op_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+                row["eager_replanned"] = cache.plans_made != plans
+                if marlin:
+                    with torch.no_grad():
+                        row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
+            log(f"{name} M={M}: ours {row['ours_us']:.1f} us ({row['ours_gbps']:.0f} GB/s, rel {row['ours_rel']:.2e}), "
+                f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if M == 1 else ""))
+            rows.append(row)
+            if args.sweep and M in (1, 16):
+                base = w4a16_default_tile(M, K, N, 128, sms)
+                grid = [*itertools.product((64,), (0.5, 1, 2), (2, 4), (False, True)), (128, 1, 4, False), (128, 1, 4, True)]
+                for bn, f, st, by_rows in grid:
+                    split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
+                    tile = W4A16Tile(bn, 128, split, 4, st, by_rows)
+                    try:
+                        us = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=tl),
+                                     (x, qw, qz, s))
+                    except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
+                        us = None
+                        log(f"tile {tile} failed: {exc}")
+                    sweep.append({"shape": name, "M": M, **vars(tile), "us": us})
+                    log(f"  sweep {name} M={M} {vars(tile)}: {us}")
+        del marlin
+        torch.cuda.empty_cache()
+        write(args.out, meta, rows, sweep)          # after every shape: a run cut short keeps its rows
+    print(markdown(meta, rows, sweep))
+    return 0
+
+
+def write(out: Path, meta, rows, sweep) -> None:
+    from utils.results import atomic_write_text
+    atomic_write_text(out / "bench_w4a16.json", json.dumps({"meta": meta, "rows": rows, "sweep": sweep}, indent=1))
+    atomic_write_text(out / "bench_w4a16.md", markdown(meta, rows, sweep))
+
+
+def markdown(meta, rows, sweep) -> str:
+    f = lambda v, p=1: "-" if v is None else (f"{v:.{p}e}" if p == "e" else f"{v:.{p}f}")  # noqa: E731
+    out = [f"# W4A16 kernel vs Marlin on {meta['device']} ({meta['date']})", "",
+           f"torch {meta['torch']}, Triton {meta['triton']}. Command: `{meta['command']}`. Cold weights under "
+           "CUDA-graph replay; rel = relative L2 against float64 x @ W (W the reference dequant); the bound is "
+           "the course's derived one for fp16.", "",
+           "| shape | K -> N | M | ours us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel | ours / Marlin "
+           "| Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 13]
+    for r in rows:
+        ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
+        gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
+        out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} | {f(r['ours_gbps'], 0)} "
+                   f"| {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
+                   f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} | {gemv} "
+                   f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
+    out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
+            "| shape | w4a16_matmul us | torch.ops.quantlab.w4a16_matmul us | Marlin layer us |", "|---|---|---|---|"]
+    for r in rows:
+        if r["M"] == 1:
+            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r['eager_op_us'])} | {f(r.get('eager_marlin_us'))} |")
+    if sweep:
+        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | stages | unpack | us |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {s['shape']} | {s['M']} | {s['block_n']} | {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} "
+                f"| {'rows' if s.get('rows') else 'reshape'} | {f(s['us'])} |" for s in sweep]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The W4A16 kernel's device run, in one call of the device tool (< 10 minutes), on the lent H100:
+#     run(kind='nvidia-h100-x1', carry=['.whl', '.gsm8k'], command='bash scripts/device_w4a16.sh')
+# (.whl: bash ../shared/tools/device-wheels.sh; .gsm8k: see scripts/rehearsal_7b.sh's header.)
+#  1. tests/test_w4a16.py compiled for the GPU (TRITON_INTERPRET=0), while GPTQModel's Marlin builds (nvcc)
+#     in the background;
+#  2. the 7B-shaped random pair (scripts/make_7b_pair.py);
+#  3. scripts/bench_w4a16.py: the kernel against the Int4 GEMV and bf16 at Qwen2.5-7B's shapes, M = 1..16,
+#     cold under CUDA graphs, and eager calls (SWEEP=1: also its tile sweep);
+#  4. scripts/profile_decode.py: BF16 against Int4 (gptq_backend quantlab) per compiled decode step at
+#     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
+#  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
+#     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
+# `bash scripts/device_w4a16.sh sweep`: only the op's tests and the kernel's tile sweep at the shapes that carry
+# the bytes (gate/up, down; q/o for the eager call), M = 1 and 16, beside bf16 and the Int4 GEMV (~2 minutes).
+# Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
+set -uo pipefail
+T0=$(date +%s)
+BUDGET_S=${BUDGET_S:-570}
+left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
+say() { printf '[%s +%4ss] %s\n' "$(date -u +%H:%M:%S)" $(( $(date +%s) - T0 )) "$*"; }
+OUT=${OUT:-/tmp/out}; W=/tmp/quantlab-rehearsal
+mkdir -p "$OUT" "$W"
+exec > >(tee -a "$OUT/run.log") 2>&1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
+[ -f .whl/device-install.sh ] || { say "no .whl/ carried: bash ../shared/tools/device-wheels.sh, carry ['.whl']"; exit 2; }
+source .whl/device-install.sh || { say "wheel install failed"; exit 2; }
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
+
+if [ "${1:-all}" = sweep ]; then
+  TRITON_INTERPRET=0 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py -k "opcheck or fullgraph or split_k" \
+    2>&1 | tee "$OUT/tests.log" | tail -3
+  timeout 200 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
+    --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | tail -60
+  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null; say "done"; exit 0
+fi
+
+say "Marlin: building in the background"
+MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
+import torch
+from utils import gptq, gptq_kernels
+qw, qz, s = gptq.pack_gptq_int4(torch.randn(256, 256), 128)
+m = gptq_kernels.build_kernel("gptq_marlin", {"qweight": qw, "qzeros": qz, "scales": s}, "cuda", torch.float16,
+                              compile_extensions=True)
+print("marlin built", type(m).__name__, m(torch.randn(1, 256, device="cuda", dtype=torch.float16)).shape)
+EOF
+MARLIN=$!
+
+say "tests, compiled"
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -5
+
+if [ ! -f "$W/gsm8k/test.jsonl" ]; then
+  mkdir -p "$W/gsm8k"
+  for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+    ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl" || say "no .gsm8k carried"; done
+fi
+if [ ! -f "$W/models/build.json" ]; then
+  say "building the 7B-shaped pair"
+  rm -rf "$W/models.partial"
+  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models.partial" --data "$W/gsm8k" > /tmp/build.log 2>&1 \
+    && mv "$W/models.partial" "$W/models" || { say "build failed"; tail -20 /tmp/build.log; }
+fi
+
+say "kernel bench (Marlin's columns come later, once it is built)"
+sweep=; [ "${SWEEP:-0}" = 1 ] && sweep=--sweep
+timeout 150 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin $sweep 2>&1 | grep -v "^INFO\|gc.collect" | tail -40
+cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
+
+if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 200 ]; then
+  say "decode profile"
+  timeout 170 python3 scripts/profile_decode.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" \
+    --gptq-backend quantlab --out /tmp/profile 2>&1 | grep -v -i -e warn -e "^INFO\|gc.collect" | head -12
+  cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
+fi
+
+say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
+if [ -f /tmp/kbench/bench_w4a16.json ] && [ "$(left)" -gt 60 ]; then
+  timeout 90 python3 scripts/bench_w4a16.py --out /tmp/kbench2 --marlin-into /tmp/kbench/bench_w4a16.json 2>&1 |
+    grep -v "^INFO\|gc.collect" | tail -40
+  cp /tmp/kbench2/bench_w4a16.* "$OUT/" 2>/dev/null
+fi
+
+if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 120 ]; then
+  say "Lab 03 settings"
+  # shellcheck disable=SC2086
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT $(( $(left) - 10 )) \
+    python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
+    --limit 32 --out /tmp/lab03 --settings ${LAB03_SETTINGS:-golden:compiled:16 int4:compiled:16:quantlab} 2>&1 |
+    grep -v -i -e warn -e "^ *$" | tail -20
+  cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
+fi
+ls -la "$OUT"; say "done"

@@ -1,0 +1,177 @@
+"""The W4A16 kernel (utils.kernels.w4a16) against the course's reference dequant, through Triton's
+interpreter on CPU (compiled on a GPU: scripts/bench_w4a16.py runs this file there)."""
+import pytest
+import torch
+
+from bad_input_table import record
+from utils import gptq, kernels, metrics
+from utils.kernels import w4a16
+
+DEVICE = "cpu" if kernels.interpreted() else "cuda"
+
+
+def layer(K=256, N=64, group=64, sym=True, act_order=False, fmt=1, bias=False, seed=0, zero_heavy=False):
+    """GPTQ tensors for a random Int4 layer in the v1 (fmt 1) or v2 (fmt 2) qzeros layout, and the
+    reference weight [K, N] (utils.gptq.dequantize: scale * (q - z), one rounding in fp16)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (K, N), generator=gen, dtype=torch.int32)
+    if sym:
+        z = torch.full((K // group, N), 8, dtype=torch.int32)
+    else:   # zero points of 0 make v1's stored words borrow across codes (utils.gptq's docstring)
+        hi = 2 if zero_heavy else 16
+        z = torch.randint(0, hi, (K // group, N), generator=gen, dtype=torch.int32)
+    s = (torch.rand(K // group, N, generator=gen) * 0.02 + 0.002).half()
+    g_idx = (torch.randperm(K, generator=gen) // group).to(torch.int32) if act_order else None
+    qz = gptq.pack_zero_points(z, 4, "gptq" if fmt == 1 else "gptq_v2")
+    t = {"qweight": gptq.pack_int32(q, 4, 0), "qzeros": qz, "scales": s, "g_idx": g_idx,
+         "bias": torch.randn(N, generator=gen).half() if bias else None}
+    w = gptq.dequantize(t["qweight"], qz, s, g_idx, 4, "gptq" if fmt == 1 else "gptq_v2", group).t()
+    return {k: (None if v is None else v.to(DEVICE)) for k, v in t.items()}, w
+
+
+def call(x, t, group, fmt, **kw):
+    return w4a16.w4a16_matmul(x, t["qweight"], t["qzeros"], t["scales"], t["g_idx"], t["bias"], group, fmt, **kw)
+
+
+@pytest.mark.parametrize("group,sym,act_order,fmt", [(32, True, False, 1), (64, False, False, 1),
+                                                      (128, False, True, 1), (64, True, True, 2),
+                                                      (32, False, False, 2)])
+def test_dequant_is_the_reference_bit_for_bit(group, sym, act_order, fmt):
+    t, w = layer(group=group, sym=sym, act_order=act_order, fmt=fmt, zero_heavy=not sym)
+    got = w4a16.w4a16_dequant(t["qweight"], t["qzeros"], t["scales"], t["g_idx"], group, fmt)
+    assert got.dtype == torch.float16 and torch.equal(got.cpu(), w)
+
+
+def test_v1_zero_of_zero_borrows_across_codes():
+    # asymmetric groups whose zero point is 0: v1 stores 0 - 1, which borrows from the next code of the
+    # word; reading code by code plus one would give 16 and shift the next zero by one
+    t, w = layer(sym=False, zero_heavy=True, seed=3)
+    z = gptq.zero_points(t["qzeros"].cpu(), 4, "gptq")
+    assert (z == 0).any() and (z == 1).any()
+    got = w4a16.w4a16_dequant(t["qweight"], t["qzeros"], t["scales"], None, 64, 1)
+    assert torch.equal(got.cpu(), w)
+    wrong = w4a16.w4a16_dequant(t["qweight"], t["qzeros"], t["scales"], None, 64, 2)   # the v1 words read as v2
+    assert not torch.equal(wrong.cpu(), w)
+
+
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("group,sym,act_order,bias", [(32, True, False, False), (64, False, False, True),
+                                                       (128, False, True, True)])
+def test_matmul_within_the_derived_bound(M, group, sym, act_order, bias):
+    t, w = layer(group=group, sym=sym, act_order=act_order, bias=bias, seed=M)
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).to(DEVICE, dtype)
+        y = call(x, t, group, 1)
+        ref = x.cpu().double() @ w.double() + (0 if t["bias"] is None else t["bias"].cpu().double())
+        assert y.dtype == dtype and y.shape == (M, 64)
+        rel = metrics.relative_l2(y.cpu(), ref)
+        assert 0 < rel <= gptq.kernel_tolerance("QuantlabLinear", dtype, dtype, 256), (dtype, rel)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_split_k_is_deterministic_and_agrees(split_k):
+    t, w = layer(K=512, group=64, bias=True, seed=7)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    tile = w4a16.W4A16Tile(block_n=32, block_k=64, split_k=split_k, num_warps=1)
+    y = call(x, t, 64, 1, tile=tile)
+    ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
+    assert metrics.relative_l2(y.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 512)
+    for _ in range(2):                                   # partials summed in a fixed order: the same bits
+        assert torch.equal(call(x, t, 64, 1, tile=tile), y)
+    poisoned = torch.full_like(y, float("nan"))          # every element written: no NaN left from anywhere
+    assert torch.isfinite(y).all() and not torch.isfinite(poisoned).any()
+
+
+def test_leading_dims_and_a_strided_input():
+    t, w = layer(seed=2)
+    x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)[..., ::2]   # [2, 3, 256]
+    y = call(x, t, 64, 1)
+    assert y.shape == (2, 3, 64)
+    assert torch.allclose(y, call(x.contiguous().reshape(6, 256), t, 64, 1).reshape(2, 3, 64))
+
+
+def test_custom_op_passes_opcheck():
+    t, _ = layer(act_order=True, bias=True, seed=4)
+    x = torch.randn(3, 256).to(DEVICE)
+    args = (x, t["qweight"], t["qzeros"], t["scales"], t["g_idx"], t["bias"], 64, 1)
+    torch.library.opcheck(w4a16.w4a16_op, args, test_utils=("test_schema", "test_faketensor",
+                                                            "test_aot_dispatch_dynamic"))
+    assert torch.equal(torch.ops.quantlab.w4a16_matmul(*args), call(x, t, 64, 1))
+
+
+def test_compiled_fullgraph_calls_the_op_without_a_break():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from utils.quantlab_linear import QuantlabLinear
+
+    t, w = layer(bias=True, seed=5)
+    src = torch.nn.Module()
+    src.bits, src.group_size, src.pack_dtype = 4, 64, torch.int32
+    for k in ("qweight", "qzeros", "scales", "bias"):
+        setattr(src, k, t[k])
+    src.qzero_format = lambda: 1
+    mod = QuantlabLinear(src)
+    x = torch.randn(4, 256).to(DEVICE)
+    counter = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda v: torch.nn.functional.silu(mod(v)) * 2, backend=counter, fullgraph=True)
+    y = f(x)
+    assert counter.frame_count == 1
+    ops = [n.target for g in counter.graphs for n in g.graph.nodes if n.op == "call_module" or n.op == "call_function"]
+    assert any("w4a16" in str(o) for o in ops), ops
+    assert torch.equal(y, torch.nn.functional.silu(mod(x)) * 2)
+
+
+@pytest.mark.parametrize("case,change,needle", [
+    ("group_size not a power of two", dict(group_size=48), "group_size"),
+    ("zero_format not 1 or 2", dict(zero_format=3), "zero_format"),
+    ("scales of another group size", dict(scales=torch.ones(2, 64, dtype=torch.float16)), "scales must be"),
+    ("x with the wrong K", dict(x=torch.randn(1, 128)), "input features"),
+    ("g_idx int64", dict(g_idx=torch.zeros(256, dtype=torch.int64)), "g_idx must be int32"),
+    ("bias of the wrong length", dict(bias=torch.zeros(32, dtype=torch.float16)), "bias must be"),
+])
+def test_bad_operands_are_named(case, change, needle):
+    t, _ = layer()
+    args = dict(x=torch.randn(1, 256), qweight=t["qweight"], qzeros=t["qzeros"], scales=t["scales"], g_idx=None,
+                bias=None, group_size=64, zero_format=1)
+    args.update({k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in change.items()})
+    args["x"] = args["x"].to(DEVICE)
+    with pytest.raises(ValueError, match=needle) as e:
+        w4a16.w4a16_matmul(**args)
+    record("kernel", f"w4a16_matmul: {case}", str(e.value))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the CPU refusal: a CPU without the interpreter")
+def test_cpu_without_the_interpreter_is_refused(monkeypatch):
+    t, _ = layer()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1") as e:
+        call(torch.randn(1, 256), t, 64, 1)
+    record("kernel", "w4a16_matmul on a CPU without Triton's interpreter", str(e.value))
+
+
+@pytest.mark.parametrize("K,N,split,stages", [(3584, 3584, 14, 2), (3584, 512, 28, 2), (3584, 18944, 4, 4),
+                                              (18944, 3584, 19, 4)])
+def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, stages):
+    # the GPU rule (132 SMs): ~8 programs per SM over whole K steps, the deep pipeline from 4 steps a program,
+    # the same tile for every M (a batch changes no summation order)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    tiles = {w4a16.w4a16_default_tile(m, K, N, 128, 132) for m in (1, 5, 16)}
+    assert tiles == {w4a16.W4A16Tile(64, 128, split, 4, stages)}
+    steps, per = K // 128, -(-K // 128 // split)
+    assert (split - 1) * per < steps <= split * per                 # no program without a K step
+
+
+def test_block_k_divides_k_and_the_group():
+    assert [w4a16.w4a16_block_k(256, g) for g in (16, 32, 64, 128, 256)] == [16, 32, 64, 128, 128]
+    assert w4a16.w4a16_block_k(96, 32) == 32 and w4a16.w4a16_block_k(80, 16) == 16
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_both_unpackings_give_the_same_bits(act_order):
+    t, w = layer(K=256, group=64, sym=False, act_order=act_order, bias=True, seed=11)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    reshaped = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=False))
+    by_rows = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=True))
+    assert torch.equal(reshaped, by_rows)
+    ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
+    assert metrics.relative_l2(by_rows.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 256)

@@ -1,0 +1,232 @@
+"""w4a16_matmul: y = x @ W + bias for GPTQ Int4 weights, the kernel of the Int4 model's decode step.
+
+Why its own kernel: a decode step at batch M multiplies M = 1..16 rows by every weight, so it is bound
+by reading the weights, and Int4 weights are about a quarter of BF16's bytes. GPTQModel's Triton kernel
+unpacks the whole weight on every call; this one dequantizes each tile in registers and multiplies it
+on the tensor cores (w4a16_kernels.py). Beyond 16 rows (a prompt) the weight is dequantized once into
+a scratch tensor and multiplied by cuBLAS: there the multiply, not the read, sets the time.
+
+It is a torch custom op (torch.ops.quantlab.w4a16_matmul, with a fake implementation), so torch.compile
+and its CUDA graphs take it whole, without a graph break. An eager call goes through a launch plan
+cached per (device, dtypes, shapes, options), as int4_gemv does, so Python costs little per call.
+Deterministic: split-K partials are summed in a fixed order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .common import _check, cache, interpreted
+from .gemv import _Launch
+from .w4a16_kernels import _w4a16_dequant_kernel, _w4a16_kernel, _w4a16_sum_kernel
+
+W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
+V1_ZERO_WORD = 0x11111111     # what the GPTQ v1 layout subtracted from each qzeros word (utils.gptq)
+SUM_BLOCK = 256
+ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus one), 2 = v2 (as is)
+
+
+@dataclass(frozen=True)
+class W4A16Tile:
+    """The launch shape: columns per program, K rows per step, split-K, warps, and the loop's pipeline depth
+    (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
+    codes are unpacked (rows: each word loaded once per row it feeds; False: loaded once, then a reshape)."""
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int = 2
+    rows: bool = False
+
+
+def w4a16_block_k(K: int, group_size: int) -> int:
+    """K rows per step: the largest power of two up to 128 dividing both K and the group (one group per
+    tile, so a tile reads one row of scales and zeros), at least 16 (a tensor-core step)."""
+    b = 128
+    while b >= 16 and (K % b or group_size % b):
+        b //= 2
+    return b
+
+
+PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per SM (docs/kernels.md)
+DEEP_STAGES_FROM = 4          # K steps per program from which the loop keeps 4 steps' loads in flight, not 2
+
+
+def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int) -> W4A16Tile:
+    """The tile a call gets unless told otherwise: 64 columns on 4 warps; the split-K that gives about
+    PROGRAMS_PER_SM programs per SM, each over whole K steps; a 4-deep load pipeline when a program has
+    DEEP_STAGES_FROM steps or more, else 2. Chosen from a cold sweep on the H100 at Qwen2.5-7B's shapes, M = 1
+    and 16 (docs/kernels.md); the same rule for every M up to 16, so a batch changes no summation order.
+    Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element)."""
+    block_k = w4a16_block_k(K, group_size)
+    if interpreted():             # numpy's cost is per program and step: few, wide programs
+        return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1)
+    block_n = 64
+    steps = K // block_k
+    n_blocks = triton.cdiv(N, block_n)
+    split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), n_blocks)))
+    per = triton.cdiv(steps, split)
+    split = triton.cdiv(steps, per)                             # no program left without a K step
+    return W4A16Tile(block_n, block_k, split, 4, 4 if per >= DEEP_STAGES_FROM else 2)
+
+
+class W4A16Plan:
+    """How w4a16_matmul runs one (device, dtypes, shapes, options): the tile and its launches, made and
+    checked once; a call then allocates its output (and split-K partials) and launches."""
+
+    def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision):
+        self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
+        self.act_order, self.has_bias = act_order, has_bias
+        consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
+                      HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                      SPLIT_K=tile.split_k, PRECISION=precision, ROWS=tile.rows)
+        self.gemm = _Launch(_w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
+                            dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
+        self.sum = None
+        if tile.split_k > 1:
+            self.sum = _Launch(_w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
+                               dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK),
+                               dict(num_warps=4, num_stages=1))
+        self.calls = 0
+
+    def run(self, x, qweight, qzeros, scales, g_idx, bias) -> torch.Tensor:
+        y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
+        part = y if self.sum is None else torch.empty((self.tile.split_k, self.M, self.N), device=x.device,
+                                                      dtype=torch.float32)
+        g = g_idx if g_idx is not None else qweight
+        b = bias if bias is not None else y
+        ptrs = (x, qweight, qzeros, scales, g, b, y, part)
+        aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
+                   | b.data_ptr()) % 16 == 0             # y and part: fresh from the allocator, aligned
+        self.calls += 1
+        self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
+        if self.sum is not None:
+            self.sum((part, b, y, self.M * self.N, self.N), aligned)
+        return y
+
+
+def _check_operands(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    _check(x.shape[-1] == K, f"x has {x.shape[-1]} input features but qweight packs K={K} (qweight is [K/8, N])")
+    _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
+           f"qweight and qzeros must be int32 (GPTQ packing), got {qweight.dtype} and {qzeros.dtype}")
+    devs = {t.device for t in (x, qweight, qzeros, scales, g_idx, bias) if t is not None}
+    _check(len(devs) == 1, f"x, qweight, qzeros, scales, g_idx and bias must be on one device, got {sorted(map(str, devs))}")
+    _check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
+           f"x must be float16, bfloat16 or float32, got {x.dtype}")
+    _check(scales.dtype in (torch.float16, torch.bfloat16, torch.float32),
+           f"scales must be float16, bfloat16 or float32, got {scales.dtype}")
+    _check(zero_format in ZERO_FORMATS, f"zero_format must be 1 (GPTQ v1: zeros stored minus one) or 2 (v2), "
+           f"got {zero_format!r}")
+    _check(isinstance(group_size, int) and group_size >= 16 and group_size & (group_size - 1) == 0
+           and K % group_size == 0,
+           f"group_size must be a power of two >= 16 dividing K={K} (GPTQ uses 32, 64, 128; -1 means K), "
+           f"got {group_size}")
+    ng = K // group_size
+    _check(N % 8 == 0 and tuple(scales.shape) == (ng, N) and tuple(qzeros.shape) == (ng, N // 8),
+           f"scales must be [K/group_size, N] = {(ng, N)} and qzeros [K/group_size, N/8] = {(ng, N // 8)}, "
+           f"got {tuple(scales.shape)} and {tuple(qzeros.shape)}")
+    _check(g_idx is None or (tuple(g_idx.shape) == (K,) and g_idx.dtype == torch.int32),
+           f"g_idx must be int32 [K] = [{K}] (or None: group i // group_size), got "
+           f"{None if g_idx is None else (tuple(g_idx.shape), g_idx.dtype)}")
+    _check(bias is None or tuple(bias.shape) == (N,), f"bias must be [N] = [{N}], got "
+           f"{None if bias is None else tuple(bias.shape)}")
+    return K, N
+
+
+def _check_device(x) -> None:
+    _check(x.is_cuda or x.device.type != "cpu" or interpreted(),
+           "w4a16_matmul is a Triton kernel for a GPU; on a CPU it runs only under Triton's interpreter "
+           "(TRITON_INTERPRET=1, set before triton is imported)")
+
+
+def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format, tile=None) -> W4A16Plan:
+    """The plan for 2-D x [M <= 16, K] and these operands, made and checked once per key (kernels.cache)."""
+    # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
+    key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
+           scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
+           group_size, zero_format, tile)
+    plan = cache.gemv_plans.get(key)
+    if plan is None:
+        K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
+        M = x2.shape[0]
+        if tile is None:
+            tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"])
+        _check(K % tile.block_k == 0 and group_size % tile.block_k == 0 and tile.block_k >= 16,
+               f"tile.block_k must be >= 16 and divide K={K} and group_size={group_size}, got {tile.block_k}")
+        plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
+                         "ieee" if x2.dtype == torch.float32 else None)
+        cache.gemv_plans[key] = plan
+        cache.plans_made += 1
+    return plan
+
+
+def w4a16_dequant(qweight, qzeros, scales, g_idx=None, group_size: int = 128, zero_format: int = 1,
+                  dtype: torch.dtype | None = None) -> torch.Tensor:
+    """W [K, N] (y = x @ W) dequantized by the kernel's own tile code, in `dtype` (default the scales')."""
+    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    dtype = dtype or scales.dtype
+    probe = torch.empty((1, K), device=qweight.device, dtype=dtype)
+    _check_device(probe)
+    _check_operands(probe, qweight, qzeros, scales, g_idx, None, group_size, zero_format)
+    w = torch.empty((K, N), device=qweight.device, dtype=dtype)
+    block_k, block_n = w4a16_block_k(K, group_size), (256 if interpreted() else 128)
+    _w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
+        qweight, qzeros, scales, qweight if g_idx is None else g_idx, w, K, N, GROUP=group_size,
+        ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=g_idx is not None, BLOCK_N=block_n,
+        BLOCK_K=block_k)
+    return w
+
+
+def w4a16_matmul(x: torch.Tensor, qweight, qzeros, scales, g_idx=None, bias=None, group_size: int = 128,
+                 zero_format: int = 1, tile: W4A16Tile | None = None) -> torch.Tensor:
+    """y [..., N] = x [..., K] @ W + bias, W the GPTQ Int4 weight (module docstring), computed in fp32 and
+    returned in x's dtype. zero_format: 1 for qzeros in the v1 layout (as stored in a `gptq` checkpoint),
+    2 for v2 (as GPTQModel's kernels hold them after a load: module.qzero_format()). g_idx: act-order's
+    group per input row, or None for i // group_size. Up to 16 rows: the fused kernel (tile: a fixed
+    W4A16Tile instead of the default); more: w4a16_dequant, then torch.matmul."""
+    _check_device(x)
+    if x.dim() == 2 and 0 < x.shape[0] <= W4A16_MAX_ROWS and x.is_contiguous():    # a decode step: the short way
+        return w4a16_plan(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format, tile).run(
+            x, qweight, qzeros, scales, g_idx, bias)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    if x2.shape[0] == 0 or x2.shape[0] > W4A16_MAX_ROWS:
+        _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
+        w = w4a16_dequant(qweight, qzeros, scales, g_idx, group_size, zero_format, x2.dtype)
+        y = torch.matmul(x2, w)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+    else:
+        y = w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format, tile).run(
+            x2, qweight, qzeros, scales, g_idx, bias)
+    return y.reshape(*lead, qweight.shape[1])
+
+
+# The op through torch.library's low-level registration: a schema, one Python kernel for CUDA and CPU, a fake
+# for the compiler. torch.library.custom_op would do the same with more Python around each call (measured
+# on the lent H100: 139 us an eager call through it against 74 for the function).
+_LIB = torch.library.Library("quantlab", "FRAGMENT")
+_LIB.define("w4a16_matmul(Tensor x, Tensor qweight, Tensor qzeros, Tensor scales, Tensor? g_idx, Tensor? bias, "
+            "int group_size, int zero_format) -> Tensor")
+
+
+def _w4a16_impl(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
+    return w4a16_matmul(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
+
+
+for _key in ("CUDA", "CPU"):
+    _LIB.impl("w4a16_matmul", _w4a16_impl, _key)
+
+
+@torch.library.register_fake("quantlab::w4a16_matmul")
+def _w4a16_fake(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
+    torch._check(x.shape[-1] == qweight.shape[0] * 8)
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+w4a16_op = torch.ops.quantlab.w4a16_matmul.default   # what torch.compile sees: one node, in its CUDA graphs

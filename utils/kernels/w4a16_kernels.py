@@ -1,0 +1,109 @@
+"""The W4A16 kernel's Triton code: y [M, N] = x [M, K] @ W for M = 1..16, W dequantized in the kernel.
+
+It reads GPTQ tensors as GPTQModel holds them after a load: qweight int32 [K/8, N] (8 codes along K,
+code j of a word at bits 4j), qzeros int32 [groups, N/8] (the zero points packed along N; in the v1
+layout every word is stored minus 0x11111111, in v2 as is: ZP_ADD adds it back to the whole word, as
+utils.gptq.zero_points does, so a borrow across codes comes back right), scales [groups, N], and for
+act-order a g_idx [K] naming each row's group. The weight tile is dequantized exactly as the course's
+reference does (s * (q - z), one rounding in the scales' dtype), then multiplied on the tensor cores
+(tl.dot, fp32 accumulation): a 16-row tile, of which a decode step at batch M uses M rows. A program
+sums a column block over a range of K blocks (split-K); the partials are added in a fixed order by a
+second kernel (the same bits every run). How a launch is planned is in w4a16.py.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+                  ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, ROWS: tl.constexpr = False):
+    """W[kb BLOCK_K : (kb + 1) BLOCK_K, rn] dequantized, [BLOCK_K, BLOCK_N] in the scales' dtype. ROWS: load
+    each packed word once per row it feeds (L1 serves the repeats) instead of once, unpacked by a reshape."""
+    # code n as the fp16 number 1024 + n (bits 0x6400 | n), no int-to-float conversion; then
+    # (1024 + n) - (1024 + z) = n - z exactly, and one multiply by s: the reference's single rounding.
+    if ROWS:
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        q = tl.load(qw_ptr + (rk // 8)[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                    eviction_policy="evict_first")
+        magic = ((q >> ((rk % 8) * 4)[:, None]) & 0xF) | 0x6400
+    else:
+        rw = kb * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+        q = tl.load(qw_ptr + rw[:, None] * N + rn[None, :], mask=nmask[None, :], other=0,
+                    eviction_policy="evict_first")                   # read once per call: keep L2 for the rest
+        shifts = tl.arange(0, 8) * 4
+        magic = tl.reshape(((q[:, None, :] >> shifts[None, :, None]) & 0xF) | 0x6400, (BLOCK_K, q.shape[1]))
+    codes = magic.to(tl.int16).to(tl.float16, bitcast=True)
+    zshift = (rn % 8) * 4
+    if ACT_ORDER:                                     # each row its own group: scales and zeros per element
+        g = tl.load(g_ptr + kb * BLOCK_K + tl.arange(0, BLOCK_K))
+        zw = tl.load(qz_ptr + g[:, None] * (N // 8) + (rn // 8)[None, :], mask=nmask[None, :], other=0)
+        z = ((((zw + ZP_ADD) >> zshift[None, :]) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        s = tl.load(s_ptr + g[:, None] * N + rn[None, :], mask=nmask[None, :], other=0.0)
+        w = (codes - z).to(s.dtype) * s
+    else:                                             # BLOCK_K divides GROUP: one group per tile
+        g = (kb * BLOCK_K) // GROUP
+        zw = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+        z = ((((zw + ZP_ADD) >> zshift) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+        s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0)
+        w = (codes - z[None, :]).to(s.dtype) * s[None, :]
+    return w
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
+                  GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                  PRECISION: tl.constexpr, ROWS: tl.constexpr):
+    """One column block (program_id 0) over one range of K blocks (program_id 1). SPLIT_K == 1: y written
+    here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N]."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    rm = tl.arange(0, BLOCK_M)
+    mmask = rm < M
+    nkb = K // BLOCK_K
+    per = tl.cdiv(nkb, SPLIT_K)
+    first = pid_k * per
+    last = tl.minimum(first + per, nkb)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    rk = tl.arange(0, BLOCK_K)
+    for kb in range(first, last):
+        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER, ROWS)
+        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * BLOCK_K + rk)[None, :], mask=mmask[:, None], other=0.0)
+        acc = tl.dot(xt, w.to(xt.dtype), acc, input_precision=PRECISION)
+    omask = mmask[:, None] & nmask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
+    else:
+        tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=omask)
+
+
+@triton.jit
+def _w4a16_sum_kernel(part_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """y = sum of the SPLIT_K partials [SPLIT_K, M, N], in order 0, 1, ... (+ bias), in y's dtype."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = r < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in tl.static_range(SPLIT_K):
+        acc += tl.load(part_ptr + k * MN + r, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + r % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + r, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w4a16_dequant_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, w_ptr, K, N, GROUP: tl.constexpr, ZP_ADD: tl.constexpr,
+                          ACT_ORDER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [K, N] in w's dtype, the tile at (program_id 0 = K block, program_id 1 = column block): the
+    fallback for more than 16 rows, which then multiplies through cuBLAS."""
+    kb, pid_n = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER)
+    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(w_ptr + rk[:, None] * N + rn[None, :], w.to(w_ptr.dtype.element_ty), mask=nmask[None, :])
