@@ -240,7 +240,7 @@ def row(setting: str, run: dict, base: dict | None = None, filt: str = "strict-m
         stops: tuple[str, ...] = ()) -> dict:
     """One line of the lab's table: GPUs, wall time, throughput, accuracy, and the differences from base."""
     par = run.get("parallel") or {}
-    out = {"setting": setting, "GPUs": par.get("gpus", 1), "batch": run["settings"]["batch_size"], "n": run["n"],
+    out = {"setting": setting, "GPUs": par.get("gpus", "server" if run["settings"].get("endpoint") else 1), "batch": run["settings"]["batch_size"], "n": run["n"],
            "wall s": round(par.get("wall_seconds", run.get("wall_seconds", float("nan"))), 1),
            "generation s": round(run["throughput"]["seconds"], 1),
            f"{filt} %": round(100 * run["accuracy"][filt]["acc"], 2)}
