@@ -134,3 +134,48 @@ def test_compare_counts_differences_and_runs_the_paired_test():
     assert ep.compare(a, b, stops=("Question:",))["differing_generations"] == 2   # "w Question:" vs "w ": the stop cut
     with pytest.raises(ValueError, match="same problems"):
         ep.compare(a, _problems(["x"], [1]))
+
+
+def test_lab04_stops_after_a_sharded_lab03_and_only_then():
+    from utils import lab_inputs
+
+    for lab03 in (None, {"data": {}}, {"data": {"beyond_one_gpu": {"gpus": 2, "shard": False}}}):
+        lab_inputs.check_whole_model(lab03)              # one process held the whole model: nothing to say
+    with pytest.raises(RuntimeError, match="Lab 03 ran with shard = True.*cannot run here") as exc:
+        lab_inputs.check_whole_model({"data": {"beyond_one_gpu": {"gpus": 1, "shard": True}}})
+    record("Lab 04 after Lab 03", "Lab 03 sharded the model over several GPUs", str(exc.value))
+
+
+def test_shard_plans_the_device_map_for_the_cap(monkeypatch):
+    monkeypatch.delenv("QUANTLAB_GPU_MEMORY_GIB", raising=False)
+    assert ep.shard_memory() == {}
+    monkeypatch.setenv("QUANTLAB_GPU_MEMORY_GIB", "24")
+    assert ep.shard_memory() == {"max_memory_per_gpu": "18.0GiB"}
+    args = ev.model_args(str(MODEL), parallelize=True)
+    assert args["parallelize"] is True and args["max_memory_per_gpu"] == "18.0GiB"
+
+
+def _running(pid: int, wait_s: float = 15) -> bool:
+    """Whether pid is still a live process (a zombie waiting to be reaped is not) after up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def test_workers_past_the_time_limit_are_stopped_and_the_run_fails(tmp_path, data):
+    with pytest.raises(ep.WorkerError, match="gpus=2: .*timed out after 3 s") as exc:
+        ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="slow", gpus=2, device="cpu", data_files=data,
+                              timeout_s=3, limit=24, max_gen_toks=96, batch_size=1)
+    assert "No result of this run is kept as complete" in str(exc.value)
+    for r in (0, 1):                                    # no worker outlives the failed run
+        st = tmp_path / "workers" / "slow" / f"rank{r}.json"
+        if st.is_file():
+            assert not _running(json.loads(st.read_text())["pid"]), f"rank {r} still runs"
+    record("data-parallel workers (gpus)", "workers still running at the time limit (3 s)", str(exc.value))

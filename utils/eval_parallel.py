@@ -186,8 +186,11 @@ def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus
         try:
             while proc.poll() is None:
                 if timeout_s is not None and time.monotonic() - t0 > timeout_s:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(30)
+                    os.killpg(proc.pid, signal.SIGTERM)       # the launcher stops its workers; else the finally
+                    try:
+                        proc.wait(30)
+                    except subprocess.TimeoutExpired:
+                        pass
                     raise _failure(work, gpus, proc.returncode, f"timed out after {timeout_s:.0f} s")
                 time.sleep(poll_s)
         finally:
