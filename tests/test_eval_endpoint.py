@@ -131,3 +131,17 @@ def test_vllm_refusal_names_the_versions():
     with pytest.raises(ev.EvalInputError, match=r"torch==2\.14\.0 .* torch 2\.13\.0 and transformers 5\.23\.0") as exc:
         ev.model_args(MODEL, "vllm")
     record("Lab 03 beyond one GPU", "backend = 'vllm' where vLLM cannot be installed", str(exc.value))
+
+
+@pytest.mark.parametrize("bad", [0, -5, "30", None])
+def test_a_request_time_limit_must_be_positive_seconds(bad, data, tmp_path):
+    with pytest.raises(ev.EvalInputError, match="endpoint_timeout_s: .* must be a number of seconds > 0") as exc:
+        ee.run_gsm8k_endpoint("http://127.0.0.1:9/v1", MODEL, tmp_path, label="x", data_files=data, timeout_s=bad)
+    record("served model (endpoint)", f"endpoint_timeout_s = {bad!r}", str(exc.value))
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, "16"])
+def test_compare_problems_must_be_a_whole_number(bad, tmp_path):
+    with pytest.raises(ev.EvalInputError, match="compare_problems: .* must be a whole number") as exc:
+        ep.agreement(MODEL, tmp_path, problems=bad, gpus=2, batch_size=1)
+    record("Lab 03 beyond one GPU", f"compare_problems = {bad!r}", str(exc.value))

@@ -92,6 +92,9 @@ def run_gsm8k_endpoint(endpoint: str, model_path: str, out_dir: str | Path, *, l
     name `transformers serve` knows it by, the default served_name). settings: run_gsm8k's (batch_size and
     decode do not apply: the server runs its own loop, one request at a time).
     """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        raise ev.EvalInputError(f"endpoint_timeout_s: {timeout_s!r} must be a number of seconds > 0 (how long one "
+                                "request to the server may take)")
     served_name = served_name or str(model_path)
     for key in ("batch_size", "decode", "parallelize", "backend", "device", "gptq_backend", "max_batch_size",
                 "tensor_parallel_size", "data_parallel_size", "dtype"):

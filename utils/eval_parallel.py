@@ -299,6 +299,9 @@ def agreement(path: str, out_dir: str | Path, *, problems: int, gpus: int = 1, e
     """The lab's comparison table on the first `problems` problems of one model: 1 GPU against `gpus` at the
     lab's batch size and at batch size 1 (batch-invariant: each problem runs alone), and a served model
     against this kernel at batch size 1 (lm-eval sends the server one prompt at a time). Every run is new."""
+    if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
+        raise ev.EvalInputError(f"compare_problems: {problems!r} must be a whole number of problems >= 1 here "
+                                "(0 skips the comparison)")
     settings = {**settings, "limit": problems}
     settings.pop("shard", None)
     rows = []
