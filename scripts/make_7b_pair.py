@@ -34,6 +34,10 @@ QWEN25_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28
                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False,
                  hidden_act="silu", attention_dropout=0.0, use_sliding_window=False, sliding_window=None,
                  max_window_layers=28, bos_token_id=151643, eos_token_id=151645, initializer_range=0.02)
+# Qwen/Qwen2.5-14B-Instruct's shapes where they differ from 7B's (about 29.5 GB in BF16: a model that does not
+# fit one 24 GB card, for Lab 03's shard rehearsal)
+QWEN25_14B = dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+                  num_key_value_heads=8, max_window_layers=48)
 # The same structure, small: every GPTQ shape rule still holds (in % 128, out % 8).
 TINY = dict(hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=1024, max_position_embeddings=4096, max_window_layers=2,
@@ -195,13 +199,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="the same structure, small (tests, CPU)")
+    ap.add_argument("--shape", choices=("7b", "14b"), default="7b", help="Qwen2.5-7B's shapes, or 14B's")
+    ap.add_argument("--bf16-only", action="store_true", help="no GPTQ-Int4 twin (the shard rehearsal needs none)")
     args = ap.parse_args(argv)
     for sub in ("bf16", "gptq-int4"):
         if (args.out / sub).exists():
             raise SystemExit(f"--out {args.out}: {sub}/ exists already; give an empty folder (nothing is overwritten)")
-    overrides = TINY if args.tiny else {}
+    overrides = TINY if args.tiny else QWEN25_14B if args.shape == "14b" else {}
     vocab_size = {**QWEN25_7B, **overrides}["vocab_size"]
-    report = {"device": args.device, "seed": args.seed, "tiny": args.tiny}
+    report = {"device": args.device, "seed": args.seed, "tiny": args.tiny, "shape": args.shape}
 
     t0 = time.perf_counter()
     tokenizer, learned = build_tokenizer(gsm8k_texts(args.data), vocab_size)
@@ -217,6 +223,9 @@ def main(argv=None) -> int:
     log(f"model: {n_params / 1e9:.3f} B parameters on {args.device} in {report['model']['seconds']} s")
     report["bf16"] = save_bf16(model, tokenizer, args.out / "bf16")
     log(f"bf16 saved: {report['bf16']['bytes'] / 2**30:.2f} GiB in {report['bf16']['seconds']} s")
+    if args.bf16_only:
+        (args.out / "build.json").write_text(json.dumps(report, indent=1))
+        return 0
     report["int4"] = save_int4(model, tokenizer, args.out / "gptq-int4")
     log(f"gptq-int4 saved: {report['int4']['bytes'] / 2**30:.2f} GiB in {report['int4']['seconds']} s "
         f"(packing {report['int4']['pack_seconds']} s)")

@@ -19,12 +19,14 @@ import yaml
 from .decode import TimedGeneration, prepare_decode
 from .gsm_synth import read_gsm8k
 from .models import is_gptq
+from .results import atomic_write_text
 
 BUILTIN_TASK = "gsm8k"
 LOCAL_TASK = "gsm8k_local"
 FILTERS = ("strict-match", "flexible-extract")
 BACKENDS = ("hf", "vllm")
-# The keys a local variant may change; everything else must equal the installed task config.
+VLLM_PINS = ("vLLM 0.33.0 (the newest on PyPI, 2026-11-26) requires torch==2.14.0 and transformers<5.21, and the "
+             "course pins torch 2.13.0 and transformers 5.23.0, so it cannot be installed beside them")# The keys a local variant may change; everything else must equal the installed task config.
 DATA_KEYS = ("task", "tag", "dataset_path", "dataset_name", "dataset_kwargs")
 
 
@@ -90,16 +92,15 @@ def choose_data(gsm8k_data: str | Path | None, lab02_gsm8k: dict | None, offline
 
 
 def write_local_task(data_files: dict[str, Path], task_dir: str | Path, task_name: str = LOCAL_TASK) -> Path:
-    """Write <task_dir>/<task_name>.yaml: the installed gsm8k task with only its data source swapped."""
+    """Write <task_dir>/<task_name>.yaml: the installed gsm8k task with only its data source swapped
+    (atomically: data-parallel workers write the same file at once)."""
     task_dir = Path(task_dir)
     task_dir.mkdir(parents=True, exist_ok=True)
     cfg = {"include": str(builtin_task_yaml()), "task": task_name, "tag": None,
            "dataset_path": "json", "dataset_name": None,
            "dataset_kwargs": {"data_files": {"train": str(data_files["train"]),
                                              "test": str(data_files["test"])}}}
-    path = task_dir / f"{task_name}.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    return path
+    return atomic_write_text(task_dir / f"{task_name}.yaml", yaml.safe_dump(cfg, sort_keys=False))
 
 
 def task_manager(task_dir: str | Path | None = None):
@@ -158,7 +159,8 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
         from importlib.util import find_spec
 
         if find_spec("vllm") is None:
-            raise EvalInputError("backend: 'vllm' is not installed on this machine; use backend='hf'")
+            raise EvalInputError(f"backend: 'vllm' is not installed on this machine: {VLLM_PINS}. Use backend='hf', "
+                                 "or serve the model with vLLM elsewhere and give its URL as endpoint")
         args = {"pretrained": str(path), "dtype": dtype, "tensor_parallel_size": int(tensor_parallel_size),
                 "data_parallel_size": int(data_parallel_size), "max_gen_toks": int(max_gen_toks)}
         if max_length is not None:
@@ -172,7 +174,8 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
     if quantized:
         args["gptq_backend"] = gptq_backend or "auto"
     if parallelize:
-        args["parallelize"] = True  # HF naive pipeline over all visible GPUs (accelerate device_map)
+        from .eval_parallel import shard_memory  # HF naive pipeline over all visible GPUs (accelerate device_map)
+        args.update(parallelize=True, **shard_memory())
     return args
 
 
@@ -222,10 +225,11 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
               seed: int = 1234, max_gen_toks: int = 256, dtype: str = "auto", parallelize: bool = False,
               tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_length: int | None = None,
               max_batch_size: int | None = 64, gptq_backend: str = "auto", decode: str = "eager",
-              param: str = "model") -> dict:
+              param: str = "model", lm=None) -> dict:
     """Evaluate one model on GSM8K with lm-eval; keep lm-eval's outputs under out_dir/lm_eval/<label>/.
 
     decode: how the hf model's generate loop runs (utils.decode: "eager", or "compiled" on a GPU).
+    lm: an lm-eval model already built (a data-parallel worker's, a served model's) instead of loading one.
 
     data_files None: the hub dataset through the built-in task (needs internet). Returns
     {"label", "model_path", "task", "accuracy": {filter: {"acc", "stderr"}}, "n", "problems",
@@ -251,10 +255,11 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
     if backend != "hf" and decode != "eager":
         raise EvalInputError(f"decode: {decode!r} applies to the hf backend only; backend {backend!r} runs its own loop")
     kernel = gptq_backend if is_gptq(model_path) else None
-    lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
-                 parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
-                 data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks, max_length=max_length,
-                 max_batch_size=max_batch_size, gptq_backend=kernel)
+    if lm is None:
+        lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
+                     parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
+                     data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks, max_length=max_length,
+                     max_batch_size=max_batch_size, gptq_backend=kernel)
     try:
         recorder = prepare_decode(lm, decode) if backend == "hf" else None
     except ValueError as exc:
@@ -270,6 +275,9 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
                           fewshot_as_multiturn=fewshot_as_multiturn, gen_kwargs={"max_gen_toks": int(max_gen_toks)},
                           task_manager=tm, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
                           fewshot_random_seed=seed)
+    if res is None:  # a data-parallel rank > 0: rank 0 gathered its samples (utils.eval_parallel)
+        return {"label": label, "rank": lm.rank, "throughput": {"seconds": timer.seconds, "problems": timer.requests,
+                                                                "generated_tokens": timer.tokens}}
     samples = res["samples"][task]
     problems = _per_problem(samples)
     prompts = prompt_lengths(lm.tokenizer, samples)

@@ -60,6 +60,9 @@ def peaks(torch_module=None) -> dict:
     if torch is not None and torch.cuda.is_initialized():
         out["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
         out["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        if torch.cuda.device_count() > 1:    # a model sharded over the cards: each card's own peak
+            out["gpu_peak_allocated_gib_per_card"] = [torch.cuda.max_memory_allocated(i) / GIB
+                                                      for i in range(torch.cuda.device_count())]
     else:
         out["gpu_peak_allocated_gib"] = out["gpu_peak_reserved_gib"] = None
     return out
@@ -77,10 +80,10 @@ def write_peaks(folder: str | Path, label: str, cap: dict, started: float) -> Pa
     return path
 
 
-def kernel_hook(interval_s: float = 2.0) -> dict | None:
+def kernel_hook(interval_s: float = 2.0, label: str | None = None) -> dict | None:
     """Called at a lab kernel's start (sitecustomize): cap from the environment; peaks written now, every
     interval_s seconds on a daemon thread, and at exit. The label is the kernel's working folder, which
-    the chain sets to the lab's folder (e.g. 03_eval)."""
+    the chain sets to the lab's folder (e.g. 03_eval); a lab's worker processes give their own (03_eval-rank1)."""
     if not (os.environ.get(CAP_ENV) or os.environ.get(PEAKS_ENV)):
         return None
     import atexit
@@ -90,7 +93,7 @@ def kernel_hook(interval_s: float = 2.0) -> dict | None:
     cap = apply_cap()
     folder = os.environ.get(PEAKS_ENV)
     if folder:
-        label = Path.cwd().name
+        label = label or Path.cwd().name
         write_peaks(folder, label, cap, started)
 
         def refresh():

@@ -50,3 +50,14 @@ def gsm8k_questions(test_path: str | None, limit: int | None, offline: bool = Tr
         from datasets import load_dataset
         questions = list(load_dataset("openai/gsm8k", "main", split="test")["question"])
     return questions[:limit] if limit else questions
+
+
+def check_whole_model(lab03: dict | None) -> None:
+    """Lab 04 hooks every module of one model in one process on one device; a model Lab 03 had to shard over
+    several cards (shard = True) does not fit one, so Lab 04 stops here, before loading it."""
+    beyond = ((lab03 or {}).get("data") or {}).get("beyond_one_gpu") or {}
+    if beyond.get("shard"):
+        raise RuntimeError("Lab 03 ran with shard = True: the golden model was split over several GPUs because it "
+                           "does not fit one. Lab 04 captures every module of the whole model in one process on one "
+                           "device, so it cannot run here; run it on a machine whose GPU holds the model (a data-"
+                           "parallel Lab 03, gpus = N, is fine: each process there held the whole model)")
