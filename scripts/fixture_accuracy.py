@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         command = "scripts/fixture_accuracy.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
         print(f"  recorded in       {fixture.record_accuracy(args.record, run, command, args.machine)}")
         try:
-            table = fixture.accuracy_table(fixture.read_accuracy())
+            table = fixture.accuracy_markdown(fixture.read_accuracy())
         except ValueError as exc:
             print(f"  docs table left as it is: {exc}")
         else:

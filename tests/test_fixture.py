@@ -247,7 +247,7 @@ def test_the_recorded_accuracy_is_of_the_committed_weights_and_problems():
 def test_docs_show_the_recorded_accuracy():
     fixture_accuracy = _script()
     docs = fixture_accuracy.DOCS.read_text()
-    assert fixture_accuracy.docs_with_table(docs, fixture.accuracy_table(fixture.read_accuracy())) == docs
+    assert fixture_accuracy.docs_with_table(docs, fixture.accuracy_markdown(fixture.read_accuracy())) == docs
 
 
 def test_cpu_tiny_lab03_problems_include_flips():
@@ -256,7 +256,7 @@ def test_cpu_tiny_lab03_problems_include_flips():
 
     profile = yaml.safe_load((fixture.REPO / "ci" / "profiles" / "cpu-tiny.yaml").read_text())
     limit = profile["labs"]["03_eval"]["gsm8k_limit"]
-    assert len(fixture.flipped(fixture.read_accuracy(), limit)) >= 2
+    assert len(fixture.recorded_flips(fixture.read_accuracy(), limit)) >= 2
 
 
 def _copy_fixture(tmp_path):

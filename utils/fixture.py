@@ -231,13 +231,13 @@ def read_accuracy(root: str | Path | None = None, path: str | Path | None = None
     return record
 
 
-def flipped(record: dict, limit: int | None = None) -> list[int]:
+def recorded_flips(record: dict, limit: int | None = None) -> list[int]:
     """Held-out problems (0-based) that one model gets right and the other wrong (strict-match)."""
     g, q = (record["models"][k]["strict_match_correct"][:limit] for k in MODELS)
     return [i for i, (a, b) in enumerate(zip(g, q)) if a != b]
 
 
-def accuracy_table(record: dict) -> str:
+def accuracy_markdown(record: dict) -> str:
     """The markdown table docs/fixture.md shows, rendered from accuracy.json."""
     names = {"golden": "golden BF16 fixture", "int4": "GPTQ-Int4 twin"}
     rows = ["| model | strict-match | flexible-extract | machine, date | device, dtype | kernel |",
@@ -248,6 +248,6 @@ def accuracy_table(record: dict) -> str:
                for f in ("strict-match", "flexible-extract")]
         rows.append(f"| {names[key]} | {acc[0]} | {acc[1]} | {e['machine']}, {e['date']} | {e['device']}, "
                     f"{e['dtype']} | {', '.join(e['gptq_kernels'] or ['-'])} |")
-    n = len(flipped(record))
+    n = len(recorded_flips(record))
     rows.append(f"\n{n} of {record['models']['golden']['n']} problems flip between the two (strict-match).")
     return "\n".join(rows) + "\n"
