@@ -25,6 +25,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 DEFINES = ("setup", "helper", "solution")
+SETUP_LIMIT = 120          # seconds for the course's own setup cell (imports): a busy machine is not the student's fault
 MAX_TEXT = 20_000          # characters of one output kept in the hand-back
 MAX_RESTARTS = 12
 
@@ -78,7 +79,8 @@ def main(work: Path) -> int:
 
     while pending and restarts <= MAX_RESTARTS:
         client = NotebookClient(nb, timeout=limit, allow_errors=True, kernel_name="python3", startup_timeout=60,
-                                shutdown_kernel="immediate", resources={"metadata": {"path": str(work)}})
+                                shutdown_kernel="immediate", resources={"metadata": {"path": str(work)}},
+                                timeout_func=lambda cell: max(limit, SETUP_LIMIT) if role(cell) == "setup" else limit)
         try:
             with client.setup_kernel():
                 for i in list(defined):                      # a new kernel: the definitions that worked

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"  lm-eval outputs   {out}")
     if args.record:
-        command = "scripts/fixture_accuracy.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
+        command = shlex.join(["scripts/fixture_accuracy.py", *(argv if argv is not None else sys.argv[1:])])
         print(f"  recorded in       {fixture.record_accuracy(args.record, run, command, args.machine)}")
         try:
             table = fixture.accuracy_markdown(fixture.read_accuracy())

@@ -22,7 +22,7 @@ from tests.conftest import ROOT
 from tests.grading_helpers import (add_helper, assert_one_record, handback, lab01, outputs_text, run_round, save,
                                    set_solution)
 
-CELL = "8"
+CELL = "15"
 RIDGE = "def ridge_point(peak_tflops, bandwidth_gbps):\n    return {body}\n"
 RIGHT_RIDGE = "peak_tflops * 1e12 / (bandwidth_gbps * 1e9)"
 
@@ -73,7 +73,9 @@ def rules():
 
 def crash_and_loop():
     nb = lab01()
-    set_solution(nb, "ridge_point", "def ridge_point(peak_tflops, bandwidth_gbps):\n    while True:\n        pass\n")
+    set_solution(nb, "ridge_point", "def ridge_point(peak_tflops, bandwidth_gbps):\n"
+                                    "    while peak_tflops == 1.0:   # a hidden case never returns\n        pass\n"
+                                    f"    return {RIGHT_RIDGE}\n")
     set_solution(nb, "gemm_intensity", "import os\nos._exit(1)\n")
     return nb
 
@@ -136,7 +138,8 @@ def test_crash_and_cut_cost_only_their_exercise_and_every_record_agrees(named_no
     assert assert_one_record(named_none, "crash_loop") == {"ridge_point": 0.0, "gemm_intensity": 0.0,
                                                            "matmul_error_bound": 1.0}
     first = handback(named_none["out"], "crash_loop").cells[0].source
-    assert f"cut at the {CELL} s cell limit" in first and "the kernel died" in first
+    assert f"cut at the {CELL} s cell limit while its function ran on the cases" in first
+    assert "the kernel died (a crash such as os._exit) in its solution cell" in first
     sub = next(s for s in named_none["summary"]["submissions"] if s["student"] == "crash_loop")
     assert "kernel died" in sub["status"] and "cut" in sub["status"]
     back = handback(named_none["out"], "crash_loop")
