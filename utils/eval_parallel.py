@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 
 from . import evaluation as ev
+from .gpu_cap import shard_memory  # noqa: F401  (the sharded path plans under the cap)
 from .results import atomic_write_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,19 +70,6 @@ def attach_ranks(lm):
     acc = getattr(lm, "accelerator", None) or Accelerator()
     lm.accelerator, lm._rank, lm._world_size = acc, acc.process_index, acc.num_processes
     return lm
-
-
-SHARD_WEIGHTS_FRACTION = 0.75   # of the cap: the rest of each card is for the KV cache and activations
-
-
-def shard_memory() -> dict:
-    """lm-eval's parallelize=True plans accelerate's device map by each card's free memory; under the profile's
-    cap ($QUANTLAB_GPU_MEMORY_GIB) torch may use only the cap, so the map is planned for the cap instead, less
-    room for the KV cache and activations. No cap: lm-eval's own plan."""
-    from .gpu_cap import CAP_ENV
-
-    cap = os.environ.get(CAP_ENV, "")
-    return {"max_memory_per_gpu": f"{float(cap) * SHARD_WEIGHTS_FRACTION:.1f}GiB"} if cap else {}
 
 
 def _free_port() -> int:

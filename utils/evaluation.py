@@ -174,7 +174,7 @@ def model_args(model_path: str, backend: str = "hf", *, dtype: str = "auto", par
     if quantized:
         args["gptq_backend"] = gptq_backend or "auto"
     if parallelize:
-        from .eval_parallel import shard_memory  # HF naive pipeline over all visible GPUs (accelerate device_map)
+        from .gpu_cap import shard_memory  # HF naive pipeline over all visible GPUs (accelerate device_map)
         args.update(parallelize=True, **shard_memory())
     return args
 

@@ -104,3 +104,14 @@ def kernel_hook(interval_s: float = 2.0, label: str | None = None) -> dict | Non
         threading.Thread(target=refresh, name="quantlab-peaks", daemon=True).start()
         atexit.register(write_peaks, folder, label, cap, started)
     return cap
+
+
+SHARD_WEIGHTS_FRACTION = 0.75   # of the cap: the rest of each card is for the KV cache and activations
+
+
+def shard_memory() -> dict:
+    """lm-eval's parallelize=True plans accelerate's device map by each card's free memory; under the profile's
+    cap ($QUANTLAB_GPU_MEMORY_GIB) torch may use only the cap, so the map is planned for the cap instead, less
+    room for the KV cache and activations. No cap: lm-eval's own plan."""
+    cap = os.environ.get(CAP_ENV, "")
+    return {"max_memory_per_gpu": f"{float(cap) * SHARD_WEIGHTS_FRACTION:.1f}GiB"} if cap else {}

@@ -6,6 +6,7 @@ and must not care which. GPTQ checkpoints load through transformers' own GPTQ in
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .model_check import check_model, read_json  # noqa: F401 - check_model: the labs call models.check_model
@@ -68,8 +69,6 @@ def kernel_name(requested="auto") -> tuple[str, str]:
     """(the kernel asked for, where it was set): $QUANTLAB_GPTQ_BACKEND if set, else `requested` (empty: auto).
     An unknown name is a ValueError naming the variable or the parameter and the valid kernels, before any
     loading."""
-    import os
-
     env = os.environ.get(GPTQ_ENV, "").strip()
     raw = env or str(requested if requested is not None else "").strip() or "auto"
     source = f"${GPTQ_ENV}" if env else "gptq_backend"

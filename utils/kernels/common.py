@@ -36,7 +36,6 @@ def require(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-_check = require  # the old name, still imported by gemv.py; remove once gemv.py imports `require`
 
 
 def precision(input_precision: str | None) -> str:

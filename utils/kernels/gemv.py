@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from .common import _check, cache, interpreted
-from .gemv_kernels import _gemv_sum_kernel, _int4_gemv_kernel
+from .common import require, cache, interpreted
+from .gemv_kernels import gemv_sum_kernel, int4_gemv_kernel
 from .gemv_plan import (GEMV_CONFIGS, GEMV_FIXUPS, SUM_BLOCK, fixup_args, gemv_candidates, gemv_pdl, gemv_state,
                         gemv_state_words, int4_gemv_default_tile, int4_gemv_dequant, row_acc)
 
@@ -39,7 +39,7 @@ def _sum_after_bench(nargs, exception):
         N, split = nargs["N"], nargs["SPLIT_K"]
         part = nargs["part_ptr"][nargs["WS_OFF"]:nargs["WS_OFF"] + split * N].view(torch.float32)
         consts, opts = _sum_consts(nargs["GROUP"], split, nargs["PDL"])
-        _gemv_sum_kernel[(triton.cdiv(N, SUM_BLOCK),)](part, nargs["y_ptr"], nargs["x_ptr"], nargs["qw_ptr"],
+        gemv_sum_kernel[(triton.cdiv(N, SUM_BLOCK),)](part, nargs["y_ptr"], nargs["x_ptr"], nargs["qw_ptr"],
                                                        nargs["qz_ptr"], nargs["s_ptr"], nargs["K"], N, **consts, **opts)
 
 
@@ -49,10 +49,10 @@ _int4_gemv_tuned = triton.autotune(
     configs=[triton.Config({"BLOCK_N": b, "GROUPS_PER_PROGRAM": gpp, "NUM_STAGES": st}, num_warps=w, num_stages=1)
              for b, w, gpp, st in GEMV_CONFIGS],
     post_hook=_sum_after_bench, key=["K", "N", "GROUP", "F16X2"],
-    prune_configs_by={"early_config_prune": _prune})(_int4_gemv_kernel)
+    prune_configs_by={"early_config_prune": _prune})(int4_gemv_kernel)
 
 
-class _Launch:
+class Launch:
     """One kernel's launch within a plan: through Triton's JIT the first time (it compiles), then through
     the compiled kernel directly. Under the interpreter, or for pointers not 16-byte aligned (the
     compiled kernel assumes the alignment its first call had), always through the JIT."""
@@ -87,8 +87,8 @@ class GemvPlan:
     workspace: torch.Tensor
     counters: torch.Tensor
     calls: int = 0
-    _gemv: _Launch | None = field(default=None, repr=False)
-    _sum: _Launch | None = field(default=None, repr=False)
+    _gemv: Launch | None = field(default=None, repr=False)
+    _sum: Launch | None = field(default=None, repr=False)
     _part: torch.Tensor | None = field(default=None, repr=False)
 
     def _set_tile(self, block_n: int, split_k: int, num_warps: int, num_stages: int, sum_kernel: bool,
@@ -99,11 +99,11 @@ class GemvPlan:
                       NUM_STAGES=num_stages, ROW_ACC=row_acc(block_n, num_warps),
                       **fixup_args(block_n, num_warps, split_k, self.N, ws_off, lock_off),
                       SUM_KERNEL=sum_kernel, PDL=self.pdl)
-        self._gemv = _Launch(_int4_gemv_kernel, (triton.cdiv(self.N, block_n), split_k), consts,
+        self._gemv = Launch(int4_gemv_kernel, (triton.cdiv(self.N, block_n), split_k), consts,
                              dict(num_warps=num_warps, num_stages=1))
         if sum_kernel:
             self._part = self.workspace[ws_off:ws_off + split_k * self.N].view(torch.float32)
-            self._sum = _Launch(_gemv_sum_kernel, (triton.cdiv(self.N, SUM_BLOCK),),
+            self._sum = Launch(gemv_sum_kernel, (triton.cdiv(self.N, SUM_BLOCK),),
                                 *_sum_consts(self.group_size, split_k, self.pdl))
 
     def run(self, x, qweight, qzeros, scales) -> torch.Tensor:
@@ -153,29 +153,29 @@ def int4_gemv_plan(x: torch.Tensor, qweight, qzeros, scales, group_size: int = 1
 
 
 def _make_plan(x, qweight, qzeros, scales, group_size, block_n, split_k, num_warps, dequant, num_stages, fixup):
-    _check(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
+    require(x.ndim == 2 and x.shape[0] == 1, f"x must be [1, K] (batch 1 decode), got {tuple(x.shape)}")
     K, N = qweight.shape[0] * 8, qweight.shape[1]
-    _check(x.shape[1] == K, f"x has K={x.shape[1]} but qweight packs K={K}")
-    _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
+    require(x.shape[1] == K, f"x has K={x.shape[1]} but qweight packs K={K}")
+    require(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
            "qweight and qzeros must be int32 (GPTQ packing)")
-    _check(qweight.device == x.device and qzeros.device == x.device and scales.device == x.device,
+    require(qweight.device == x.device and qzeros.device == x.device and scales.device == x.device,
            f"x, qweight, qzeros and scales must be on one device, got {x.device}, {qweight.device}, "
            f"{qzeros.device}, {scales.device}")
-    _check(group_size >= 8 and group_size & (group_size - 1) == 0,
+    require(group_size >= 8 and group_size & (group_size - 1) == 0,
            f"group_size must be a power of two of at least 8 (GPTQ uses 32, 64, 128), got {group_size}")
-    _check(K % group_size == 0 and scales.shape == (K // group_size, N),
+    require(K % group_size == 0 and scales.shape == (K // group_size, N),
            f"scales must be [K/group_size, N] = {(K // group_size, N)}, got {tuple(scales.shape)}")
-    _check(N % 8 == 0 and qzeros.shape == (K // group_size, N // 8),
+    require(N % 8 == 0 and qzeros.shape == (K // group_size, N // 8),
            f"qzeros must be [K/group_size, N/8] = {(K // group_size, N // 8)}, got {tuple(qzeros.shape)}")
     auto = int4_gemv_dequant(x)
     dequant = dequant or auto
-    _check(isinstance(num_stages, int) and num_stages >= 1, f"num_stages must be an int >= 1, got {num_stages!r}")
-    _check(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
+    require(isinstance(num_stages, int) and num_stages >= 1, f"num_stages must be an int >= 1, got {num_stages!r}")
+    require(dequant in ("f32", "f16x2") and (dequant == "f32" or auto == "f16x2"),
            f"dequant must be 'f32', or 'f16x2' for fp16 x on an NVIDIA GPU (here: {auto!r}), got {dequant!r}")
-    _check(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
+    require(dequant == "f32" or group_size >= 16,      # f16x2 takes two packed rows per asm call
            f"the f16x2 dequant needs group_size >= 16, got {group_size}: pass dequant='f32'")
     fixed = interpreted() or block_n is not None or split_k is not None
-    _check(fixup is None or (fixup in GEMV_FIXUPS and fixed),
+    require(fixup is None or (fixup in GEMV_FIXUPS and fixed),
            f"fixup must be one of {GEMV_FIXUPS}, given with block_n and split_k (autotuned calls choose their "
            f"own), got {fixup!r}")
     tile = None if fixed else int4_gemv_default_tile(x, K, N, group_size, dequant)

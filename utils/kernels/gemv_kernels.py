@@ -230,14 +230,14 @@ def _splitk_fixup_tagged(y, ticket, lane0, part_ptr, lock_ptr, pid_n, pid_k, mas
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
+def int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K, N,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
                       F16X2: tl.constexpr, NUM_STAGES: tl.constexpr, ROW_ACC: tl.constexpr,
                       WS_OFF: tl.constexpr, LOCK_OFF: tl.constexpr, POLL_ROWS: tl.constexpr,
                       THREADS: tl.constexpr, SUM_KERNEL: tl.constexpr, PDL: tl.constexpr):
     """WS_OFF / LOCK_OFF: where this tile's own workspace and counters start in part_ptr / lock_ptr;
     THREADS: 32 x num_warps (gemv_plan.fixup_args). SUM_KERNEL (with SPLIT_K > 1): no fix-up here, the
-    partials go to the workspace as [SPLIT_K, N] and _gemv_sum_kernel adds them up; PDL lets it launch
+    partials go to the workspace as [SPLIT_K, N] and gemv_sum_kernel adds them up; PDL lets it launch
     now, to wait on this grid resident beside it instead of after a launch gap."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     ng = K // GROUP
@@ -270,7 +270,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, y_ptr, part_ptr, lock_ptr, K
 
 
 @triton.jit
-def _gemv_sum_kernel(part_ptr, y_ptr, x_ptr, qw_ptr, qz_ptr, s_ptr, K, N, GROUP: tl.constexpr,
+def gemv_sum_kernel(part_ptr, y_ptr, x_ptr, qw_ptr, qz_ptr, s_ptr, K, N, GROUP: tl.constexpr,
                      SPLIT_K: tl.constexpr, SPLIT_P2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """The other split-K fix-up: a kernel of its own sums the GEMV kernel's partials [SPLIT_K, N] in a
     fixed order (the same bits every run; no counters, no tags) and redoes a column block exactly where

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .common import _check, cache, interpreted
-from .gemv import _Launch
-from .w4a16_kernels import _w4a16_dequant_kernel, _w4a16_kernel, _w4a16_sum_kernel
+from .common import require, cache, interpreted
+from .gemv import Launch
+from .w4a16_kernels import w4a16_dequant_kernel, w4a16_kernel, w4a16_sum_kernel
 
 W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
 V1_ZERO_WORD = 0x11111111     # what the GPTQ v1 layout subtracted from each qzeros word (utils.gptq)
@@ -82,11 +82,11 @@ class W4A16Plan:
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                       SPLIT_K=tile.split_k, PRECISION=precision, ROWS=tile.rows)
-        self.gemm = _Launch(_w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
+        self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
         if tile.split_k > 1:
-            self.sum = _Launch(_w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
+            self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK),
                                dict(num_warps=4, num_stages=1))
         self.calls = 0
@@ -109,35 +109,35 @@ class W4A16Plan:
 
 def _check_operands(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
     K, N = qweight.shape[0] * 8, qweight.shape[1]
-    _check(x.shape[-1] == K, f"x has {x.shape[-1]} input features but qweight packs K={K} (qweight is [K/8, N])")
-    _check(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
+    require(x.shape[-1] == K, f"x has {x.shape[-1]} input features but qweight packs K={K} (qweight is [K/8, N])")
+    require(qweight.dtype == torch.int32 and qzeros.dtype == torch.int32,
            f"qweight and qzeros must be int32 (GPTQ packing), got {qweight.dtype} and {qzeros.dtype}")
     devs = {t.device for t in (x, qweight, qzeros, scales, g_idx, bias) if t is not None}
-    _check(len(devs) == 1, f"x, qweight, qzeros, scales, g_idx and bias must be on one device, got {sorted(map(str, devs))}")
-    _check(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
+    require(len(devs) == 1, f"x, qweight, qzeros, scales, g_idx and bias must be on one device, got {sorted(map(str, devs))}")
+    require(x.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"x must be float16, bfloat16 or float32, got {x.dtype}")
-    _check(scales.dtype in (torch.float16, torch.bfloat16, torch.float32),
+    require(scales.dtype in (torch.float16, torch.bfloat16, torch.float32),
            f"scales must be float16, bfloat16 or float32, got {scales.dtype}")
-    _check(zero_format in ZERO_FORMATS, f"zero_format must be 1 (GPTQ v1: zeros stored minus one) or 2 (v2), "
+    require(zero_format in ZERO_FORMATS, f"zero_format must be 1 (GPTQ v1: zeros stored minus one) or 2 (v2), "
            f"got {zero_format!r}")
-    _check(isinstance(group_size, int) and group_size >= 16 and group_size & (group_size - 1) == 0
+    require(isinstance(group_size, int) and group_size >= 16 and group_size & (group_size - 1) == 0
            and K % group_size == 0,
            f"group_size must be a power of two >= 16 dividing K={K} (GPTQ uses 32, 64, 128; -1 means K), "
            f"got {group_size}")
     ng = K // group_size
-    _check(N % 8 == 0 and tuple(scales.shape) == (ng, N) and tuple(qzeros.shape) == (ng, N // 8),
+    require(N % 8 == 0 and tuple(scales.shape) == (ng, N) and tuple(qzeros.shape) == (ng, N // 8),
            f"scales must be [K/group_size, N] = {(ng, N)} and qzeros [K/group_size, N/8] = {(ng, N // 8)}, "
            f"got {tuple(scales.shape)} and {tuple(qzeros.shape)}")
-    _check(g_idx is None or (tuple(g_idx.shape) == (K,) and g_idx.dtype == torch.int32),
+    require(g_idx is None or (tuple(g_idx.shape) == (K,) and g_idx.dtype == torch.int32),
            f"g_idx must be int32 [K] = [{K}] (or None: group i // group_size), got "
            f"{None if g_idx is None else (tuple(g_idx.shape), g_idx.dtype)}")
-    _check(bias is None or tuple(bias.shape) == (N,), f"bias must be [N] = [{N}], got "
+    require(bias is None or tuple(bias.shape) == (N,), f"bias must be [N] = [{N}], got "
            f"{None if bias is None else tuple(bias.shape)}")
     return K, N
 
 
 def _check_device(x) -> None:
-    _check(x.is_cuda or x.device.type != "cpu" or interpreted(),
+    require(x.is_cuda or x.device.type != "cpu" or interpreted(),
            "w4a16_matmul is a Triton kernel for a GPU; on a CPU it runs only under Triton's interpreter "
            "(TRITON_INTERPRET=1, set before triton is imported)")
 
@@ -154,7 +154,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         M = x2.shape[0]
         if tile is None:
             tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"])
-        _check(K % tile.block_k == 0 and group_size % tile.block_k == 0 and tile.block_k >= 16,
+        require(K % tile.block_k == 0 and group_size % tile.block_k == 0 and tile.block_k >= 16,
                f"tile.block_k must be >= 16 and divide K={K} and group_size={group_size}, got {tile.block_k}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None)
@@ -173,7 +173,7 @@ def w4a16_dequant(qweight, qzeros, scales, g_idx=None, group_size: int = 128, ze
     _check_operands(probe, qweight, qzeros, scales, g_idx, None, group_size, zero_format)
     w = torch.empty((K, N), device=qweight.device, dtype=dtype)
     block_k, block_n = w4a16_block_k(K, group_size), (256 if interpreted() else 128)
-    _w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
+    w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
         qweight, qzeros, scales, qweight if g_idx is None else g_idx, w, K, N, GROUP=group_size,
         ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=g_idx is not None, BLOCK_N=block_n,
         BLOCK_K=block_k)

@@ -52,7 +52,7 @@ def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.cons
 
 
 @triton.jit
-def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
+def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
                   GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   PRECISION: tl.constexpr, ROWS: tl.constexpr):
@@ -83,7 +83,7 @@ def _w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M
 
 
 @triton.jit
-def _w4a16_sum_kernel(part_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+def w4a16_sum_kernel(part_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
                       BLOCK: tl.constexpr):
     """y = sum of the SPLIT_K partials [SPLIT_K, M, N], in order 0, 1, ... (+ bias), in y's dtype."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -97,7 +97,7 @@ def _w4a16_sum_kernel(part_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_
 
 
 @triton.jit
-def _w4a16_dequant_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, w_ptr, K, N, GROUP: tl.constexpr, ZP_ADD: tl.constexpr,
+def w4a16_dequant_kernel(qw_ptr, qz_ptr, s_ptr, g_ptr, w_ptr, K, N, GROUP: tl.constexpr, ZP_ADD: tl.constexpr,
                           ACT_ORDER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """W [K, N] in w's dtype, the tile at (program_id 0 = K block, program_id 1 = column block): the
     fallback for more than 16 rows, which then multiplies through cuBLAS."""
