@@ -83,3 +83,13 @@ def test_html_report_embeds_its_figures_and_gives_the_times(tmp_path):
     assert "01_env/figures/ceilings.png" in page                       # still named
     assert "figure missing: 01_env/figures/gone.png" in page          # said, not a broken image
     assert "2026-11-25T10:00:00+00:00" in page and "2026-11-25T10:07:30+00:00" in page
+
+
+def test_an_interrupted_run_is_reported_as_interrupted_not_failed(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({
+        "profile": "cpu-tiny", "status": "interrupted",
+        "labs": [{"lab": "03_eval", "status": "interrupted"}],
+        "failure": {"notebook": "labs/03_eval/03_eval.ipynb", "cell": "[5]", "ename": "Interrupted",
+                    "evalue": "interrupted by SIGTERM"}}))
+    md = reporting.build_report(tmp_path)[0].read_text()
+    assert "INTERRUPTED in labs/03_eval/03_eval.ipynb at cell [5]" in md and "FAILED" not in md

@@ -93,7 +93,8 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
         hp.append(f"<p style='color:#b00'><b>WARNING: {html.escape(warning)}</b></p>")
     failure = manifest.get("failure")
     if failure:
-        msg = (f"FAILED in {failure.get('notebook')} at cell {failure.get('cell')}: "
+        word = "INTERRUPTED" if status == "interrupted" else "FAILED"
+        msg = (f"{word} in {failure.get('notebook')} at cell {failure.get('cell')}: "
                f"{failure.get('ename')}: {failure.get('evalue')}")
         md += ["", f"> {msg}"]
         hp.append(f"<p style='color:#b00'><b>{html.escape(msg)}</b></p>")
