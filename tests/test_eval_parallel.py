@@ -181,3 +181,22 @@ def test_workers_past_the_time_limit_are_stopped_and_the_run_fails(tmp_path, dat
         if st.is_file():
             assert not _running(json.loads(st.read_text())["pid"]), f"rank {r} still runs"
     record("data-parallel workers (gpus)", "workers still running at the time limit (3 s)", str(exc.value))
+
+
+def test_agreement_runs_the_lab_settings_at_the_comparison_size_and_batch_1(monkeypatch, tmp_path):
+    """The comparison keeps every lab setting but the number of problems, the batch size and sharding."""
+    calls = []
+
+    def fake(path, out_dir, *, label, gpus, data_files, settings):
+        calls.append((label, gpus, settings))
+        return {"n": 1, "problems": [{"doc_id": 0, "generation": "#### 1", "strict-match": 1, "flexible-extract": 1}],
+                "settings": settings.as_dict(), "throughput": {"seconds": 1.0},
+                "accuracy": {"strict-match": {"acc": 1.0}}, "parallel": {"gpus": gpus, "wall_seconds": 2.0}}
+    monkeypatch.setattr(ep, "run_gsm8k_parallel", fake)
+    lab = EvalSettings.from_params(gsm8k_limit=50, batch_size=8, max_gen_toks=96, seed=7, shard=True, device="cuda")
+    rows = ep.agreement("m", tmp_path, problems=4, gpus=2, data_files=None, settings=lab)
+    assert [(label, g, s.batch_size) for label, g, s in calls] == [
+        ("compare-bs8-1gpu", 1, 8), ("compare-bs8-2gpu", 2, 8), ("compare-bs1-1gpu", 1, 1), ("compare-bs1-2gpu", 2, 1)]
+    for _, _, s in calls:
+        assert (s.limit, s.parallelize, s.max_gen_toks, s.seed, s.device) == (4, False, 96, 7, "cuda")
+    assert [r["batch"] for r in rows] == [8, 8, 1, 1] and lab.limit == 50
