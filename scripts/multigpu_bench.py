@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     args.work = args.out / f"{args.name}-work"
     data = ev.data_files_from_folder(args.data, param="--data")
     settings = EvalSettings.from_params(dtype=args.dtype, decode=args.decode, max_gen_toks=args.max_gen_toks,
-                    max_length=args.max_length, device=args.device, param="--model")
+                                        max_length=args.max_length, device=args.device, param="--model")
     rows, detail = (compare if args.mode == "compare" else shard)(args, data, settings)
     command = "python scripts/multigpu_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = (f"# Lab 03 beyond one GPU: {args.mode}, {args.name}\n\nMachine: {_machine()}; "
