@@ -86,6 +86,7 @@ def main(argv=None) -> int:
 
     from utils import evaluation as ev
     from utils.decode import extrapolate_seconds
+    from utils.eval_settings import EvalSettings
     from utils.gpu_cap import apply_cap
     from utils.results import atomic_write_text
 
@@ -116,9 +117,10 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             r = ev.run_gsm8k(str(getattr(args, s["model"])), args.out / "runs" / s["name"].replace(":", "_"),
-                             label=s["model"], data_files=data, device=args.device, batch_size=s["batch"],
-                             limit=args.limit, max_gen_toks=args.max_gen_toks, max_length=args.max_length,
-                             gptq_backend=s["gptq_backend"], decode=s["decode"], param=s["name"])
+                             label=s["model"], data_files=data, settings=EvalSettings.from_params(
+                                 device=args.device, batch_size=s["batch"], limit=args.limit,
+                                 max_gen_toks=args.max_gen_toks, max_length=args.max_length,
+                                 gptq_backend=s["gptq_backend"], decode=s["decode"], param=s["name"]))
         except Exception as exc:  # noqa: BLE001 - a setting that fails (out of memory, no compile) is a finding
             row.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:400]}")
             traceback.print_exc()

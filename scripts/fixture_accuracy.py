@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from utils import evaluation as ev  # noqa: E402
+from utils.eval_settings import EvalSettings  # noqa: E402
 from utils import fixture  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "fixture.md"
@@ -77,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="fixture_accuracy_"))
     try:
         files = ev.data_files_from_folder(args.data, param="--data")
-        run = ev.run_gsm8k(args.model, out, label=Path(args.model).name, data_files=files, backend=args.backend,
-                           device=args.device, batch_size=batch, num_fewshot=args.num_fewshot, limit=args.limit,
-                           seed=args.seed, max_gen_toks=args.max_gen_toks, dtype=args.dtype, param="--model")
+        settings = EvalSettings.from_params(backend=args.backend, device=args.device, batch_size=batch,
+                                            num_fewshot=args.num_fewshot, limit=args.limit, seed=args.seed,
+                                            max_gen_toks=args.max_gen_toks, dtype=args.dtype, param="--model")
+        run = ev.run_gsm8k(args.model, out, label=Path(args.model).name, data_files=files, settings=settings)
     except ev.EvalInputError as exc:
         print(f"fixture_accuracy: {exc}", file=sys.stderr)
         return 2

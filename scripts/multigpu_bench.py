@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from utils import eval_parallel as ep  # noqa: E402
 from utils import evaluation as ev  # noqa: E402
+from utils.eval_settings import EvalSettings  # noqa: E402
 from utils.results import atomic_write_json, atomic_write_text  # noqa: E402
 
 
@@ -47,15 +48,16 @@ def _peaks(run: dict) -> list[dict]:
             for w in (run.get("parallel") or {}).get("workers", [])]
 
 
-def compare(args, settings: dict) -> tuple[list[dict], dict]:
+def compare(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     rows, detail = [], {}
     for bs, limit in ((args.batch, args.limit), (1, args.invariant_limit)):
         if not limit:
             continue
-        s = {**settings, "batch_size": bs, "limit": limit}
-        one = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-bs{bs}-1gpu", gpus=1, **s)
+        s = settings.replace(batch_size=bs, limit=limit)
+        one = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-bs{bs}-1gpu", gpus=1,
+                                    data_files=data, settings=s)
         many = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-bs{bs}-{args.gpus}gpu",
-                                     gpus=args.gpus, **s)
+                                     gpus=args.gpus, data_files=data, settings=s)
         r1, rn = ep.row(f"batch {bs}, 1 GPU", one), ep.row(f"batch {bs}, {args.gpus} GPUs", many, one)
         for r, run in ((r1, one), (rn, many)):
             r["problems/s (generation)"] = round(run["throughput"]["problems_per_s"] or 0, 3)
@@ -67,7 +69,7 @@ def compare(args, settings: dict) -> tuple[list[dict], dict]:
     return rows, detail
 
 
-def shard(args, settings: dict) -> tuple[list[dict], dict]:
+def shard(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     import torch
 
     from utils import gpu_cap
@@ -75,8 +77,8 @@ def shard(args, settings: dict) -> tuple[list[dict], dict]:
     cap = gpu_cap.apply_cap()                    # this process holds the model: the profile's cap on every card
     torch.cuda.reset_peak_memory_stats()
     t0 = time.monotonic()
-    run = ep.evaluate("sharded", args.model, args.work, shard=True,
-                      **{**settings, "batch_size": args.batch, "limit": args.limit})
+    run = ep.evaluate("sharded", args.model, args.work, data_files=data,
+                      settings=settings.replace(parallelize=True, batch_size=args.batch, limit=args.limit))
     wall = time.monotonic() - t0
     pk = gpu_cap.peaks()
     row = {"setting": f"shard over {torch.cuda.device_count()} GPUs", "batch": args.batch, "n": run["n"],
@@ -111,9 +113,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"--out: {f} exists already; give another --name or --out (nothing is overwritten)")
     args.work = args.out / f"{args.name}-work"
     data = ev.data_files_from_folder(args.data, param="--data")
-    settings = dict(data_files=data, dtype=args.dtype, decode=args.decode, max_gen_toks=args.max_gen_toks,
-                    max_length=args.max_length, device=args.device, param="--model")
-    rows, detail = (compare if args.mode == "compare" else shard)(args, settings)
+    settings = EvalSettings.from_params(dtype=args.dtype, decode=args.decode, max_gen_toks=args.max_gen_toks,
+                                        max_length=args.max_length, device=args.device, param="--model")
+    rows, detail = (compare if args.mode == "compare" else shard)(args, data, settings)
     command = "python scripts/multigpu_bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     head = (f"# Lab 03 beyond one GPU: {args.mode}, {args.name}\n\nMachine: {_machine()}; "
             f"GPU memory cap {os.environ.get('QUANTLAB_GPU_MEMORY_GIB', 'none')} GiB per process. "

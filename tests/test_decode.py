@@ -11,6 +11,7 @@ import torch
 
 from utils import decode
 from utils import evaluation as ev
+from utils.eval_settings import EvalSettings
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen2-gsm"
 DATA = {"train": FIX / "data" / "train.jsonl", "test": FIX / "data" / "test.jsonl"}
@@ -96,13 +97,14 @@ def test_extrapolation_arithmetic():
 
 
 def test_run_gsm8k_records_the_decode_and_refuses_it_off_hf(tmp_path):
-    run = ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="golden", data_files=DATA, batch_size=2, limit=4,
-                       max_gen_toks=16, decode="eager")
+    run = ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="golden", data_files=DATA,
+                       settings=EvalSettings(batch_size=2, limit=4, max_gen_toks=16, decode="eager"))
     d = run["settings"]["decode"]
     assert d["decode"] == "eager" and d["calls"] == math.ceil(4 / 2) and all(c["batch"] == 2 for c in d["per_call"])
     assert json.loads(json.dumps(d)) == d                                   # it goes into results.json as it is
     with pytest.raises(ev.EvalInputError, match="decode: 'compiled' applies to the hf backend only"):
-        ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="v", data_files=DATA, backend="vllm", decode="compiled")
+        EvalSettings(backend="vllm", decode="compiled")
     with pytest.raises(ev.EvalInputError, match="decode: 'compiled' .* needs a GPU"):
-        ev.run_gsm8k(str(FIX / "bf16"), tmp_path / "c", label="c", data_files=DATA, limit=2, decode="compiled")
+        ev.run_gsm8k(str(FIX / "bf16"), tmp_path / "c", label="c", data_files=DATA,
+                     settings=EvalSettings(limit=2, decode="compiled"))
     assert not any((tmp_path / "c").rglob("results*.json"))

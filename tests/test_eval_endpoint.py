@@ -16,10 +16,11 @@ from bad_input_table import record
 from utils import eval_endpoint as ee
 from utils import eval_parallel as ep
 from utils import evaluation as ev
+from utils.eval_settings import EvalSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = str(REPO / "fixtures" / "tiny-qwen2-gsm" / "bf16")
-SETTINGS = dict(limit=6, max_gen_toks=64)
+SETTINGS = EvalSettings(limit=6, max_gen_toks=64)
 
 
 def _port() -> int:
@@ -58,8 +59,8 @@ def data():
 
 
 def test_served_model_scores_like_the_in_process_path(server, data, tmp_path):
-    served = ee.run_gsm8k_endpoint(server, MODEL, tmp_path, label="served", data_files=data, **SETTINGS)
-    here = ev.run_gsm8k(MODEL, tmp_path, label="here", device="cpu", batch_size=1, data_files=data, **SETTINGS)
+    served = ee.run_gsm8k_endpoint(server, MODEL, tmp_path, label="served", data_files=data, settings=SETTINGS)
+    here = ev.run_gsm8k(MODEL, tmp_path, label="here", data_files=data, settings=SETTINGS.replace(batch_size=1))
     assert served["n"] == here["n"] == 6 and served["settings"]["backend"] == "local-completions"
     assert served["settings"]["endpoint"] == server + "/completions"
     # the same prompts reached the server: lm-eval's per-sample log holds the in-process path's prompts
@@ -75,7 +76,7 @@ def test_served_model_scores_like_the_in_process_path(server, data, tmp_path):
 def test_a_server_that_is_down_is_named(data, tmp_path):
     url = f"http://127.0.0.1:{_port()}/v1"
     with pytest.raises(ee.EndpointError, match=f"endpoint: {url}/completions does not answer") as exc:
-        ee.run_gsm8k_endpoint(url, MODEL, tmp_path, label="x", data_files=data, **SETTINGS)
+        ee.run_gsm8k_endpoint(url, MODEL, tmp_path, label="x", data_files=data, settings=SETTINGS)
     assert "Nothing was evaluated" in str(exc.value) and not (tmp_path / "lm_eval").exists()
     record("served model (endpoint)", "no server at the URL", str(exc.value))
 
@@ -90,7 +91,7 @@ def test_a_server_that_never_answers_is_named(data, tmp_path):
     url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
     try:
         with pytest.raises(ee.EndpointError, match=f"endpoint: {url}/completions did not answer within 2 s") as exc:
-            ee.run_gsm8k_endpoint(url, MODEL, tmp_path, label="x", data_files=data, timeout_s=2, **SETTINGS)
+            ee.run_gsm8k_endpoint(url, MODEL, tmp_path, label="x", data_files=data, timeout_s=2, settings=SETTINGS)
     finally:
         sock.close()
     record("served model (endpoint)", "a server that accepts and never answers (timeout 2 s)", str(exc.value))
@@ -99,7 +100,7 @@ def test_a_server_that_never_answers_is_named(data, tmp_path):
 def test_a_server_answering_with_an_error_is_named(server, data, tmp_path):
     with pytest.raises(ee.EndpointError, match=f"endpoint: {server}/completions answered HTTP") as exc:
         ee.run_gsm8k_endpoint(server, MODEL, tmp_path, label="x", data_files=data, served_name="no/such-model",
-                              **SETTINGS)
+                              settings=SETTINGS)
     assert "no/such-model" in str(exc.value)
     record("served model (endpoint)", "a model name the server does not serve", str(exc.value))
 
@@ -136,12 +137,14 @@ def test_vllm_refusal_names_the_versions():
 @pytest.mark.parametrize("bad", [0, -5, "30", None])
 def test_a_request_time_limit_must_be_positive_seconds(bad, data, tmp_path):
     with pytest.raises(ev.EvalInputError, match="endpoint_timeout_s: .* must be a number of seconds > 0") as exc:
-        ee.run_gsm8k_endpoint("http://127.0.0.1:9/v1", MODEL, tmp_path, label="x", data_files=data, timeout_s=bad)
+        ee.run_gsm8k_endpoint("http://127.0.0.1:9/v1", MODEL, tmp_path, label="x", data_files=data, timeout_s=bad,
+                              settings=EvalSettings())
     record("served model (endpoint)", f"endpoint_timeout_s = {bad!r}", str(exc.value))
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "16"])
 def test_compare_problems_must_be_a_whole_number(bad, tmp_path):
     with pytest.raises(ev.EvalInputError, match="compare_problems: .* must be a whole number") as exc:
-        ep.agreement(MODEL, tmp_path, problems=bad, gpus=2, batch_size=1)
+        ep.agreement(MODEL, tmp_path, problems=bad, gpus=2, data_files=None,
+                     settings=EvalSettings(batch_size=1))
     record("Lab 03 beyond one GPU", f"compare_problems = {bad!r}", str(exc.value))

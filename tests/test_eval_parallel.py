@@ -12,10 +12,11 @@ import pytest
 from bad_input_table import record
 from utils import evaluation as ev
 from utils import eval_parallel as ep
+from utils.eval_settings import EvalSettings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "fixtures" / "tiny-qwen2-gsm" / "bf16"
-SETTINGS = dict(limit=6, max_gen_toks=48, batch_size=1)
+SETTINGS = EvalSettings(limit=6, max_gen_toks=48, batch_size=1)
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def data():
 def test_two_cpu_processes_agree_with_one_at_batch_size_1(tmp_path, data):
     """Batch size 1 is batch-invariant: every problem runs alone, so how the problems are split over the
     processes cannot change its numerics; the 2-process run must equal the 1-process run exactly."""
-    one = ev.run_gsm8k(str(MODEL), tmp_path, label="one", device="cpu", data_files=data, **SETTINGS)
-    two = ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="two", gpus=2, device="cpu", data_files=data,
-                                timeout_s=600, **SETTINGS)
+    one = ev.run_gsm8k(str(MODEL), tmp_path, label="one", data_files=data, settings=SETTINGS)
+    two = ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="two", gpus=2, data_files=data, settings=SETTINGS,
+                                timeout_s=600)
     assert two["n"] == one["n"] == 6 and [p["doc_id"] for p in two["problems"]] == list(range(6))
     c = ep.compare(one, two)
     assert c["differing_generations"] == 0 and c["differing_scores_strict-match"] == 0 and c["mcnemar_p"] == 1.0
@@ -47,9 +48,10 @@ def test_two_cpu_processes_agree_with_one_at_batch_size_1(tmp_path, data):
 
 def _launch(tmp_path, data, model, result):
     try:
-        result["run"] = ep.run_gsm8k_parallel(str(model), tmp_path, label="x", gpus=2, device="cpu", data_files=data,
-                                              timeout_s=600, limit=24, max_gen_toks=96, batch_size=1,
-                                              param="golden_model (Lab 02)")
+        result["run"] = ep.run_gsm8k_parallel(str(model), tmp_path, label="x", gpus=2, data_files=data,
+                                              timeout_s=600, settings=EvalSettings(
+                                                  limit=24, max_gen_toks=96, batch_size=1,
+                                                  param="golden_model (Lab 02)"))
     except Exception as exc:  # noqa: BLE001
         result["error"] = exc
 
@@ -171,11 +173,30 @@ def _running(pid: int, wait_s: float = 15) -> bool:
 
 def test_workers_past_the_time_limit_are_stopped_and_the_run_fails(tmp_path, data):
     with pytest.raises(ep.WorkerError, match="gpus=2: .*timed out after 3 s") as exc:
-        ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="slow", gpus=2, device="cpu", data_files=data,
-                              timeout_s=3, limit=24, max_gen_toks=96, batch_size=1)
+        ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="slow", gpus=2, data_files=data, timeout_s=3,
+                              settings=EvalSettings(limit=24, max_gen_toks=96, batch_size=1))
     assert "No result of this run is kept as complete" in str(exc.value)
     for r in (0, 1):                                    # no worker outlives the failed run
         st = tmp_path / "workers" / "slow" / f"rank{r}.json"
         if st.is_file():
             assert not _running(json.loads(st.read_text())["pid"]), f"rank {r} still runs"
     record("data-parallel workers (gpus)", "workers still running at the time limit (3 s)", str(exc.value))
+
+
+def test_agreement_runs_the_lab_settings_at_the_comparison_size_and_batch_1(monkeypatch, tmp_path):
+    """The comparison keeps every lab setting but the number of problems, the batch size and sharding."""
+    calls = []
+
+    def fake(path, out_dir, *, label, gpus, data_files, settings):
+        calls.append((label, gpus, settings))
+        return {"n": 1, "problems": [{"doc_id": 0, "generation": "#### 1", "strict-match": 1, "flexible-extract": 1}],
+                "settings": settings.as_dict(), "throughput": {"seconds": 1.0},
+                "accuracy": {"strict-match": {"acc": 1.0}}, "parallel": {"gpus": gpus, "wall_seconds": 2.0}}
+    monkeypatch.setattr(ep, "run_gsm8k_parallel", fake)
+    lab = EvalSettings.from_params(gsm8k_limit=50, batch_size=8, max_gen_toks=96, seed=7, shard=True, device="cuda")
+    rows = ep.agreement("m", tmp_path, problems=4, gpus=2, data_files=None, settings=lab)
+    assert [(label, g, s.batch_size) for label, g, s in calls] == [
+        ("compare-bs8-1gpu", 1, 8), ("compare-bs8-2gpu", 2, 8), ("compare-bs1-1gpu", 1, 1), ("compare-bs1-2gpu", 2, 1)]
+    for _, _, s in calls:
+        assert (s.limit, s.parallelize, s.max_gen_toks, s.seed, s.device) == (4, False, 96, 7, "cuda")
+    assert [r["batch"] for r in rows] == [8, 8, 1, 1] and lab.limit == 50

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bad_input_table import record
 from utils import evaluation as ev
+from utils.eval_settings import EvalSettings
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = (REPO / ".." / "shared" / "data" / "gsm8k").resolve()
@@ -82,8 +84,8 @@ def test_rendered_five_shot_context_matches_builtin(tasks):
 
 
 def test_real_gsm8k_through_offline_path_on_fixture_model(real_files, tmp_path, tasks):
-    run = ev.run_gsm8k(str(fixture_model()), tmp_path, label="golden", data_files=real_files, batch_size=3,
-                       limit=3, max_gen_toks=48)
+    run = ev.run_gsm8k(str(fixture_model()), tmp_path, label="golden", data_files=real_files,
+                       settings=EvalSettings(batch_size=3, limit=3, max_gen_toks=48))
     assert run["task"] == ev.LOCAL_TASK and run["n"] == 3
     assert [p["doc_id"] for p in run["problems"]] == [0, 1, 2]
     assert run["problems"][0]["target"] == "18"
@@ -146,12 +148,26 @@ def test_bad_model_and_backend_name_the_parameter(tmp_path):
             ev.model_args(str(fixture_model()), "vllm")
 
 
-def test_bad_run_settings_fail_before_any_output(tmp_path, real_files):
-    for kw, name in (({"limit": 0}, "gsm8k_limit"), ({"num_fewshot": -1}, "num_fewshot"),
-                     ({"max_gen_toks": 0}, "max_gen_toks"), ({"backend": "nope"}, "backend")):
-        with pytest.raises(ev.EvalInputError, match=name):
-            ev.run_gsm8k(str(fixture_model()), tmp_path, label="x", data_files=real_files, **kw)
-    assert not any(tmp_path.rglob("results*.json"))
+def test_bad_run_settings_fail_before_any_output(tmp_path):
+    for kw, name in (({"gsm8k_limit": 0}, "gsm8k_limit"), ({"limit": 2.5}, "gsm8k_limit"),
+                     ({"num_fewshot": -1}, "num_fewshot"), ({"max_gen_toks": 0}, "max_gen_toks"),
+                     ({"backend": "nope"}, "backend"), ({"batch_size": 0}, "batch_size"),
+                     ({"batch_size": "auto:x"}, "batch_size"), ({"max_batch_size": 0}, "max_batch_size"),
+                     ({"max_length": 100, "max_gen_toks": 200}, "max_length"),
+                     ({"backend": "vllm", "decode": "compiled"}, "decode"), ({"bach_size": 4}, "bach_size")):
+        with pytest.raises(ev.EvalInputError, match=f"^{name}: ") as err:
+            EvalSettings.from_params(**kw)
+        record("evaluation settings", f"{kw}", str(err.value))
+    assert not any(tmp_path.rglob("*"))
+
+
+def test_settings_variants_are_checked_and_keep_the_lab_names():
+    s = EvalSettings.from_params(gsm8k_limit=4, shard=True, batch_size="auto:2", device="cuda")
+    assert (s.limit, s.parallelize, s.batch_size) == (4, True, "auto:2")
+    assert s.replace(batch_size=1).batch_size == 1 and s.batch_size == "auto:2"      # frozen: a new object
+    with pytest.raises(ev.EvalInputError, match="^gsm8k_limit: "):
+        s.replace(limit=0)
+    assert EvalSettings.from_params(**s.as_dict()) == s
 
 
 def _sample(doc_id, filt, right, gen):

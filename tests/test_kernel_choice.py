@@ -9,6 +9,7 @@ import pytest
 from ci import run as chain
 from utils import anchors, models
 from utils import evaluation as ev
+from utils.eval_settings import EvalSettings
 from utils.platform import PlatformRecord
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,22 +86,22 @@ def test_model_args_carry_the_kernel_and_max_length(monkeypatch):
 
 def test_the_kernel_and_max_length_reach_lm_eval_and_the_results(tmp_path, monkeypatch):
     monkeypatch.delenv(models.GPTQ_ENV, raising=False)
-    run = ev.run_gsm8k(str(FIX / "gptq-int4"), tmp_path, label="int4", data_files=DATA, batch_size=2, limit=2,
-                       max_gen_toks=16, max_length=2048, gptq_backend="gptq_torch_aten")
+    run = ev.run_gsm8k(str(FIX / "gptq-int4"), tmp_path, label="int4", data_files=DATA, settings=EvalSettings(
+        batch_size=2, limit=2, max_gen_toks=16, max_length=2048, gptq_backend="gptq_torch_aten"))
     s = run["settings"]
     assert s["gptq_backend"] == "gptq_torch_aten" and s["gptq_kernels"] == ["TorchAtenLinear"], s
     assert s["max_length"] == 2048 and 0 < s["prompt_tokens"]["max"] < 2048 - 16
     lm_results = next(tmp_path / p for p in run["lm_eval_files"] if Path(p).name.startswith("results_"))
     margs = json.loads(lm_results.read_text())["config"]["model_args"]
     assert margs["gptq_backend"] == "gptq_torch_aten" and margs["max_length"] == 2048, margs
-    golden = ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="golden", data_files=DATA, batch_size=2, limit=2,
-                          max_gen_toks=16, gptq_backend="gptq_torch_aten")
+    golden = ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="golden", data_files=DATA, settings=EvalSettings(
+        batch_size=2, limit=2, max_gen_toks=16, gptq_backend="gptq_torch_aten"))
     assert golden["settings"]["gptq_backend"] is None and golden["settings"]["gptq_kernels"] is None
     # a max_length that cuts the prompts is an error naming it, not a silently different benchmark
     short = run["settings"]["prompt_tokens"]["max"] // 2
     with pytest.raises(ev.EvalInputError, match=f"max_length: {short} is too short"):
-        ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="cut", data_files=DATA, batch_size=2, limit=2,
-                     max_gen_toks=16, max_length=short)
+        ev.run_gsm8k(str(FIX / "bf16"), tmp_path, label="cut", data_files=DATA,
+                     settings=EvalSettings(batch_size=2, limit=2, max_gen_toks=16, max_length=short))
 
 
 def test_lab03_records_the_kernel_and_the_anchor_verdict(tmp_path, monkeypatch):

@@ -16,6 +16,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from . import evaluation as ev
+from .eval_settings import EvalSettings
+
+# settings that describe how a model runs here, left at their defaults for a served one
+SERVER_KEYS = ("decode", "parallelize", "device", "gptq_backend", "max_batch_size", "tensor_parallel_size",
+               "data_parallel_size", "dtype")
 
 
 class EndpointError(RuntimeError):
@@ -85,28 +90,27 @@ def load_endpoint_lm(endpoint: str, tokenizer_path: str, served_name: str, *, ti
 
 def run_gsm8k_endpoint(endpoint: str, model_path: str, out_dir: str | Path, *, label: str,
                        served_name: str | None = None, timeout_s: float = 300, retries: int = 3,
-                       num_concurrent: int = 1, **settings) -> dict:
+                       num_concurrent: int = 1, data_files: dict[str, Path] | None,
+                       settings: EvalSettings) -> dict:
     """evaluation.run_gsm8k's result with the generations from the server at `endpoint`.
 
     model_path: the local folder of the served model (its tokenizer counts tokens; its path is also the
-    name `transformers serve` knows it by, the default served_name). settings: run_gsm8k's (batch_size and
-    decode do not apply: the server runs its own loop, one request at a time).
+    name `transformers serve` knows it by, the default served_name). settings: the lab's (what is evaluated;
+    how the model is placed, batched and decoded is the server's business: one request at a time).
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ev.EvalInputError(f"endpoint_timeout_s: {timeout_s!r} must be a number of seconds > 0 (how long one "
                                 "request to the server may take)")
     served_name = served_name or str(model_path)
-    for key in ("batch_size", "decode", "parallelize", "backend", "device", "gptq_backend", "max_batch_size",
-                "tensor_parallel_size", "data_parallel_size", "dtype"):
-        settings.pop(key, None)                             # the server's business, not lm-eval's here
+    defaults = EvalSettings()                               # the server's business, not lm-eval's here
+    settings = settings.replace(**{k: getattr(defaults, k) for k in SERVER_KEYS}, backend="local-completions",
+                                batch_size=1)
     probe = check_endpoint(endpoint, served_name, timeout_s=min(timeout_s, 60))
     lm = load_endpoint_lm(endpoint, model_path, served_name, timeout_s=timeout_s, retries=retries,
-                          num_concurrent=num_concurrent, max_gen_toks=settings.get("max_gen_toks", 256),
-                          seed=settings.get("seed", 1234))
+                          num_concurrent=num_concurrent, max_gen_toks=settings.max_gen_toks, seed=settings.seed)
     t0 = time.monotonic()
     try:
-        run = ev.run_gsm8k(model_path, out_dir, label=label, backend="local-completions", batch_size=1, lm=lm,
-                           **settings)
+        run = ev.run_gsm8k(model_path, out_dir, label=label, data_files=data_files, settings=settings, lm=lm)
     except ev.EvalInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - a failure mid-run is the server's, named by its URL

@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 
 from . import evaluation as ev
+from .eval_settings import EvalSettings
 from .gpu_cap import shard_memory  # noqa: F401  (the sharded path plans under the cap)
 from .results import atomic_write_json
 
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 STATUS = "rank{}.json"
 RESULT = "result.json"
 LOAD_KEYS = ("backend", "batch_size", "max_batch_size", "dtype", "parallelize", "tensor_parallel_size",
-             "data_parallel_size", "max_gen_toks", "max_length")    # run_gsm8k's settings that load_lm takes
+             "data_parallel_size", "max_gen_toks", "max_length")    # the EvalSettings fields load_lm takes
 
 
 class WorkerError(RuntimeError):
@@ -144,25 +145,26 @@ def _failure(work: Path, gpus: int, rc: int | None, why: str) -> WorkerError:
                        + f"; launcher log: {work / 'launcher.log'}. No result of this run is kept as complete.")
 
 
-def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus: int, device: str = "cpu",
-                       timeout_s: float | None = None, poll_s: float = 0.5, **settings) -> dict:
+def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus: int,
+                       data_files: dict[str, Path] | None, settings: EvalSettings,
+                       timeout_s: float | None = None, poll_s: float = 0.5) -> dict:
     """evaluation.run_gsm8k's result, computed by `gpus` worker processes under accelerate launch.
 
     Adds "parallel": {"gpus", "wall_seconds" (launch to exit: loading included), "workers": per-rank status
     (device, generation seconds, problems, GPU and host peaks)}; throughput becomes the whole run's
     (problems over the slowest rank's generation seconds). Raises WorkerError naming the failed rank.
     """
+    device = settings.device
     check_gpus(gpus, device)
-    # the folder, its weight files and the settings are checked here, once, before any process starts
-    ev.model_args(model_path, settings.get("backend", "hf"), param=settings.get("param", "model"),
-                  max_gen_toks=settings.get("max_gen_toks", 256), max_length=settings.get("max_length"))
-    data_files = settings.pop("data_files", None)
+    # the folder and its weight files are checked here, once, before any process starts (settings: when built)
+    ev.model_args(model_path, settings.backend, param=settings.param, max_gen_toks=settings.max_gen_toks,
+                  max_length=settings.max_length)
     work = _work_dir(out_dir, label)
     config = work / "config.json"
     atomic_write_json(config, {"model_path": str(model_path), "out_dir": str(Path(out_dir).resolve()),
                                "label": label, "device": device, "work": str(work.resolve()),
                                "data_files": {k: str(v) for k, v in (data_files or {}).items()} or None,
-                               "settings": settings})
+                               "settings": settings.as_dict()})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     if not str(device).startswith("cuda"):
         env["ACCELERATE_USE_CPU"] = "true"                 # MULTI_CPU: gloo instead of NCCL
@@ -265,45 +267,47 @@ def check_modes(gpus, shard: bool, backend: str, endpoint: str, endpoint_model: 
 
 def evaluate(name: str, path: str, out_dir: str | Path, *, gpus: int = 1, endpoint: str = "",
              endpoint_model: str = "golden", endpoint_name: str = "", endpoint_timeout_s: float = 300,
-             **settings) -> dict:
+             data_files: dict[str, Path] | None, settings: EvalSettings) -> dict:
     """One of the lab's models, the way the parameters say: from the server at endpoint (for the model it
-    serves), over `gpus` worker processes, or in this kernel (gpus = 1; shard splits it over the GPUs)."""
-    settings["parallelize"] = settings.pop("shard", False)
+    serves), over `gpus` worker processes, or in this kernel (gpus = 1; settings.parallelize (the lab's
+    shard) splits it over the GPUs)."""
     if endpoint and name == endpoint_model:
         from .eval_endpoint import run_gsm8k_endpoint
         return run_gsm8k_endpoint(endpoint, path, out_dir, label=name, served_name=endpoint_name or None,
-                                  timeout_s=endpoint_timeout_s, **settings)
+                                  timeout_s=endpoint_timeout_s, data_files=data_files, settings=settings)
     t0 = time.monotonic()
     if gpus > 1:
-        return run_gsm8k_parallel(path, out_dir, label=name, gpus=gpus, **settings)
-    run = ev.run_gsm8k(path, out_dir, label=name, **settings)
+        return run_gsm8k_parallel(path, out_dir, label=name, gpus=gpus, data_files=data_files, settings=settings)
+    run = ev.run_gsm8k(path, out_dir, label=name, data_files=data_files, settings=settings)
     run["wall_seconds"] = time.monotonic() - t0
     return run
 
 
 def agreement(path: str, out_dir: str | Path, *, problems: int, gpus: int = 1, endpoint: str = "",
               endpoint_name: str = "", endpoint_timeout_s: float = 300, filt: str = "strict-match",
-              **settings) -> list[dict]:
+              data_files: dict[str, Path] | None, settings: EvalSettings) -> list[dict]:
     """The lab's comparison table on the first `problems` problems of one model: 1 GPU against `gpus` at the
     lab's batch size and at batch size 1 (batch-invariant: each problem runs alone), and a served model
     against this kernel at batch size 1 (lm-eval sends the server one prompt at a time). Every run is new."""
     if isinstance(problems, bool) or not isinstance(problems, int) or problems < 1:
         raise ev.EvalInputError(f"compare_problems: {problems!r} must be a whole number of problems >= 1 here "
                                 "(0 skips the comparison)")
-    settings = {**settings, "limit": problems}
-    settings.pop("shard", None)
+    settings = settings.replace(limit=problems, parallelize=False)
     rows = []
     if gpus > 1:
-        for bs in dict.fromkeys([settings["batch_size"], 1]):
-            one = run_gsm8k_parallel(path, out_dir, label=f"compare-bs{bs}-1gpu", gpus=1, **{**settings, "batch_size": bs})
+        for bs in dict.fromkeys([settings.batch_size, 1]):
+            s = settings.replace(batch_size=bs)
+            one = run_gsm8k_parallel(path, out_dir, label=f"compare-bs{bs}-1gpu", gpus=1, data_files=data_files,
+                                     settings=s)
             many = run_gsm8k_parallel(path, out_dir, label=f"compare-bs{bs}-{gpus}gpu", gpus=gpus,
-                                      **{**settings, "batch_size": bs})
+                                      data_files=data_files, settings=s)
             rows += [row(f"batch {bs}, 1 GPU", one, filt=filt), row(f"batch {bs}, {gpus} GPUs", many, one, filt)]
     if endpoint:
         from .eval_endpoint import run_gsm8k_endpoint, task_stop_sequences
-        here = evaluate("compare-bs1-here", path, out_dir, **{**settings, "batch_size": 1})
+        here = evaluate("compare-bs1-here", path, out_dir, data_files=data_files,
+                        settings=settings.replace(batch_size=1))
         served = run_gsm8k_endpoint(endpoint, path, out_dir, label="compare-served", served_name=endpoint_name or None,
-                                    timeout_s=endpoint_timeout_s, **settings)
+                                    timeout_s=endpoint_timeout_s, data_files=data_files, settings=settings)
         rows += [row("batch 1, this kernel", here, filt=filt),
                  row("served (endpoint)", served, here, filt, stops=task_stop_sequences())]
     return rows
@@ -333,13 +337,13 @@ def _worker(config_path: str) -> int:
     t0 = time.time()
     try:
         device = str(state.device) if state.device.type == "cuda" else "cpu"
-        s = dict(cfg["settings"])
-        kernel = s.get("gptq_backend", "auto") if ev.is_gptq(cfg["model_path"]) else None
-        lm = ev.load_lm(cfg["model_path"], device=device, param=s.get("param", "model"), gptq_backend=kernel,
-                        **{k: s[k] for k in LOAD_KEYS if k in s})
+        s = EvalSettings.from_params(**{**cfg["settings"], "device": device})
+        kernel = s.gptq_backend if ev.is_gptq(cfg["model_path"]) else None
+        lm = ev.load_lm(cfg["model_path"], device=device, param=s.param, gptq_backend=kernel,
+                        **{k: getattr(s, k) for k in LOAD_KEYS})
         attach_ranks(lm)
         run = ev.run_gsm8k(cfg["model_path"], cfg["out_dir"], label=cfg["label"], data_files=cfg["data_files"],
-                           device=device, lm=lm, **s)
+                           settings=s, lm=lm)
     except BaseException as exc:  # noqa: BLE001 - the launcher must learn which rank failed, and why
         status.update(state="failed", error=f"{type(exc).__name__}: {str(exc).strip()[:1500]}",
                       traceback=traceback.format_exc()[-4000:], seconds=time.time() - t0, **gpu_cap.peaks())

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from .decode import TimedGeneration, prepare_decode
+from .eval_settings import EvalInputError, EvalSettings
 from .gsm_synth import read_gsm8k
 from .models import is_gptq
 from .results import atomic_write_text
@@ -28,10 +29,6 @@ BACKENDS = ("hf", "vllm")
 VLLM_PINS = ("vLLM 0.33.0 (the newest on PyPI, 2026-11-26) requires torch==2.14.0 and transformers<5.21, and the "
              "course pins torch 2.13.0 and transformers 5.23.0, so it cannot be installed beside them")# The keys a local variant may change; everything else must equal the installed task config.
 DATA_KEYS = ("task", "tag", "dataset_path", "dataset_name", "dataset_kwargs")
-
-
-class EvalInputError(ValueError):
-    """A parameter of the evaluation is wrong; the message names it and says what to do."""
 
 
 def builtin_task_yaml() -> Path:
@@ -219,98 +216,100 @@ def _per_problem(samples: list[dict]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
-def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: dict[str, Path] | None = None,
-              backend: str = "hf", device: str = "cpu", batch_size: int | str = "auto", num_fewshot: int = 5,
-              apply_chat_template: bool = False, fewshot_as_multiturn: bool = False, limit: int | None = None,
-              seed: int = 1234, max_gen_toks: int = 256, dtype: str = "auto", parallelize: bool = False,
-              tensor_parallel_size: int = 1, data_parallel_size: int = 1, max_length: int | None = None,
-              max_batch_size: int | None = 64, gptq_backend: str = "auto", decode: str = "eager",
-              param: str = "model", lm=None) -> dict:
+def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: dict[str, Path] | None,
+              settings: EvalSettings, lm=None) -> dict:
     """Evaluate one model on GSM8K with lm-eval; keep lm-eval's outputs under out_dir/lm_eval/<label>/.
 
-    decode: how the hf model's generate loop runs (utils.decode: "eager", or "compiled" on a GPU).
-    lm: an lm-eval model already built (a data-parallel worker's, a served model's) instead of loading one.
-
-    data_files None: the hub dataset through the built-in task (needs internet). Returns
-    {"label", "model_path", "task", "accuracy": {filter: {"acc", "stderr"}}, "n", "problems",
-    "throughput", "lm_eval_files" (relative to out_dir), "settings"}.
+    settings: how (utils.eval_settings, checked when built). lm: an lm-eval model already built (a
+    data-parallel worker's, a served model's) instead of loading one. data_files None: the hub dataset
+    through the built-in task (needs internet). Returns {"label", "model_path", "task", "accuracy":
+    {filter: {"acc", "stderr"}}, "n", "problems", "throughput", "lm_eval_files" (relative to out_dir), "settings"}.
     """
-    from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
-    if limit is not None and (int(limit) != limit or limit < 1):
-        raise EvalInputError(f"gsm8k_limit: {limit!r} must be a positive whole number of problems, or None")
-    if int(num_fewshot) < 0:
-        raise EvalInputError(f"num_fewshot: {num_fewshot!r} must be >= 0")
-    if int(max_gen_toks) < 1:
-        raise EvalInputError(f"max_gen_toks: {max_gen_toks!r} must be >= 1")
+    s = settings
     lab_out = Path(out_dir)
     out_dir = lab_out / "lm_eval" / label
-    if data_files is not None:
-        files = check_gsm8k_files(data_files.get("train"), data_files.get("test"))
-        task = LOCAL_TASK
-        tm = task_manager(write_local_task(files, out_dir / "task").parent)
-    else:
-        task, tm = BUILTIN_TASK, task_manager()
-    if backend != "hf" and decode != "eager":
-        raise EvalInputError(f"decode: {decode!r} applies to the hf backend only; backend {backend!r} runs its own loop")
-    kernel = gptq_backend if is_gptq(model_path) else None
+    task, tm = _task(data_files, out_dir)
+    kernel = s.gptq_backend if is_gptq(model_path) else None
     if lm is None:
-        lm = load_lm(model_path, backend=backend, device=device, batch_size=batch_size, param=param, dtype=dtype,
-                     parallelize=parallelize, tensor_parallel_size=tensor_parallel_size,
-                     data_parallel_size=data_parallel_size, max_gen_toks=max_gen_toks, max_length=max_length,
-                     max_batch_size=max_batch_size, gptq_backend=kernel)
+        lm = load_lm(model_path, backend=s.backend, device=s.device, batch_size=s.batch_size, param=s.param,
+                     dtype=s.dtype, parallelize=s.parallelize, tensor_parallel_size=s.tensor_parallel_size,
+                     data_parallel_size=s.data_parallel_size, max_gen_toks=s.max_gen_toks, max_length=s.max_length,
+                     max_batch_size=s.max_batch_size, gptq_backend=kernel)
     try:
-        recorder = prepare_decode(lm, decode) if backend == "hf" else None
+        recorder = prepare_decode(lm, s.decode) if s.backend == "hf" else None
     except ValueError as exc:
         raise EvalInputError(str(exc)) from exc
     timer = TimedGeneration(lm)
     lm.generate_until = timer
     tracker = EvaluationTracker(output_path=str(out_dir))
-    margs = {"pretrained": str(model_path), "backend": backend, "max_length": max_length,
-             "max_batch_size": max_batch_size, "gptq_backend": kernel}
-    res = simple_evaluate(model=lm, model_args=margs, tasks=[task], num_fewshot=num_fewshot,
-                          batch_size=batch_size, device=device, limit=limit, log_samples=True,
-                          evaluation_tracker=tracker, apply_chat_template=apply_chat_template,
-                          fewshot_as_multiturn=fewshot_as_multiturn, gen_kwargs={"max_gen_toks": int(max_gen_toks)},
-                          task_manager=tm, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                          fewshot_random_seed=seed)
+    res = _simple_evaluate(lm, model_path, task, tm, tracker, s, kernel)
     if res is None:  # a data-parallel rank > 0: rank 0 gathered its samples (utils.eval_parallel)
         return {"label": label, "rank": lm.rank, "throughput": {"seconds": timer.seconds, "problems": timer.requests,
                                                                 "generated_tokens": timer.tokens}}
     samples = res["samples"][task]
-    problems = _per_problem(samples)
     prompts = prompt_lengths(lm.tokenizer, samples)
-    if max_length is not None and prompts["max"] + int(max_gen_toks) > int(max_length):
-        raise EvalInputError(f"max_length: {max_length} is too short for this GSM8K: the longest prompt has "
-                             f"{prompts['max']} tokens + max_gen_toks {max_gen_toks}, so lm-eval cut prompts "
-                             f"from the left; set max_length >= {prompts['max'] + int(max_gen_toks)}")
-    tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
-                                    samples=copy.deepcopy(res["samples"]))
-    tracker.save_results_samples(task_name=task, samples=copy.deepcopy(samples))
-    saved = sorted(str(p.relative_to(lab_out)) for p in out_dir.rglob("*.json*")
-                   if p.name.startswith(("results_", "samples_")))
-    if not any(Path(p).name.startswith("samples_") for p in saved):
-        raise RuntimeError(f"lm-eval did not write its per-sample log under {out_dir}")
+    if s.max_length is not None and prompts["max"] + s.max_gen_toks > s.max_length:
+        raise EvalInputError(f"max_length: {s.max_length} is too short for this GSM8K: the longest prompt has "
+                             f"{prompts['max']} tokens + max_gen_toks {s.max_gen_toks}, so lm-eval cut prompts "
+                             f"from the left; set max_length >= {prompts['max'] + s.max_gen_toks}")
+    saved = _save(tracker, res, task, out_dir, lab_out)
+    problems = _per_problem(samples)
     r = res["results"][task]
     accuracy = {f: {"acc": float(r[f"exact_match,{f}"]), "stderr": float(r[f"exact_match_stderr,{f}"])}
                 for f in FILTERS}
     secs = timer.seconds
+    record = {**{k: v for k, v in s.as_dict().items() if k not in UNRECORDED},
+              "batch_sizes": res["config"].get("batch_sizes"), "prompt_tokens": prompts, "gptq_backend": kernel,
+              "decode": recorder.summary() if recorder else {"decode": s.backend},
+              "gptq_kernels": _kernel_classes(lm), "dtype": resolve_dtype(model_path, s.device, s.dtype),
+              "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
+              "lm_eval_version": _lm_eval_version()}
     return {"label": label, "model_path": str(model_path), "task": task, "n": len(problems),
             "accuracy": accuracy, "problems": problems, "lm_eval_files": saved,
             "throughput": {"seconds": secs, "problems": timer.requests, "generated_tokens": timer.tokens,
                            "problems_per_s": timer.requests / secs if secs > 0 else None,
                            "tokens_per_s": timer.tokens / secs if secs > 0 else None},
-            "settings": {"backend": backend, "device": device, "batch_size": batch_size,
-                         "batch_sizes": res["config"].get("batch_sizes"), "num_fewshot": num_fewshot,
-                         "apply_chat_template": apply_chat_template, "fewshot_as_multiturn": fewshot_as_multiturn,
-                         "limit": limit, "seed": seed, "max_gen_toks": max_gen_toks, "max_length": max_length,
-                         "max_batch_size": max_batch_size, "prompt_tokens": prompts, "gptq_backend": kernel,
-                         "decode": recorder.summary() if recorder else {"decode": backend},
-                         "gptq_kernels": _kernel_classes(lm),
-                         "dtype": resolve_dtype(model_path, device, dtype),
-                         "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
-                         "lm_eval_version": _lm_eval_version()}}
+            "settings": record}
+
+
+# settings fields results.json has never recorded (how the model was placed, not what was evaluated)
+UNRECORDED = ("parallelize", "tensor_parallel_size", "data_parallel_size", "param")
+
+
+def _task(data_files: dict[str, Path] | None, out_dir: Path):
+    """(task name, TaskManager): the local variant over data_files, or the built-in hub task."""
+    if data_files is None:
+        return BUILTIN_TASK, task_manager()
+    files = check_gsm8k_files(data_files.get("train"), data_files.get("test"))
+    return LOCAL_TASK, task_manager(write_local_task(files, out_dir / "task").parent)
+
+
+def _simple_evaluate(lm, model_path, task: str, tm, tracker, s: EvalSettings, kernel: str | None):
+    """lm-eval's own evaluation call with every seed set and the per-sample log kept."""
+    from lm_eval import simple_evaluate
+
+    margs = {"pretrained": str(model_path), "backend": s.backend, "max_length": s.max_length,
+             "max_batch_size": s.max_batch_size, "gptq_backend": kernel}
+    return simple_evaluate(model=lm, model_args=margs, tasks=[task], num_fewshot=s.num_fewshot,
+                           batch_size=s.batch_size, device=s.device, limit=s.limit, log_samples=True,
+                           evaluation_tracker=tracker, apply_chat_template=s.apply_chat_template,
+                           fewshot_as_multiturn=s.fewshot_as_multiturn, gen_kwargs={"max_gen_toks": s.max_gen_toks},
+                           task_manager=tm, random_seed=s.seed, numpy_random_seed=s.seed, torch_random_seed=s.seed,
+                           fewshot_random_seed=s.seed)
+
+
+def _save(tracker, res: dict, task: str, out_dir: Path, lab_out: Path) -> list[str]:
+    """lm-eval's own results and samples files under out_dir; their paths relative to the lab folder."""
+    tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
+                                    samples=copy.deepcopy(res["samples"]))
+    tracker.save_results_samples(task_name=task, samples=copy.deepcopy(res["samples"][task]))
+    saved = sorted(str(p.relative_to(lab_out)) for p in out_dir.rglob("*.json*")
+                   if p.name.startswith(("results_", "samples_")))
+    if not any(Path(p).name.startswith("samples_") for p in saved):
+        raise RuntimeError(f"lm-eval did not write its per-sample log under {out_dir}")
+    return saved
 
 
 def prompt_lengths(tokenizer, samples: list[dict]) -> dict:
