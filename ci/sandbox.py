@@ -114,12 +114,13 @@ def _bwrap_argv(work: Path, code: Path) -> list[str]:
     for name in ETC:                      # what the loader, Python and the kernel need of /etc, no more
         if os.path.exists(f"/etc/{name}"):
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--tmpfs", "/tmp"]           # before the binds below: a venv in a clone under /tmp stays visible
     prefixes = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
     for p in sorted(prefixes):
         if not p.startswith("/usr/"):
             argv += ["--ro-bind", p, p]
     argv += ["--ro-bind", str(code), "/course", "--bind", str(work), "/submission", "--dev", "/dev",
-             "--proc", "/proc", "--tmpfs", "/tmp", "--chdir", "/submission"]
+             "--proc", "/proc", "--chdir", "/submission"]
     for k, v in _env("/submission", "/course").items():
         argv += ["--setenv", k, v]
     python = os.path.join(os.path.realpath(sys.prefix), "bin", Path(sys.executable).name)
