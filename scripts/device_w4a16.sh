@@ -11,8 +11,9 @@
 #     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
 #  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
-# `bash scripts/device_w4a16.sh sweep`: only the op's tests and the kernel's tile sweep at the shapes that carry
-# the bytes (gate/up, down; q/o for the eager call), M = 1 and 16, beside bf16 and the Int4 GEMV (~2 minutes).
+# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers,
+# spills and SASS counts) at gate/up, down and q/o, M = 1 and 16, beside bf16 and the Int4 GEMV, then Marlin's
+# columns for the same shapes once its build is done (~9 minutes).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
 T0=$(date +%s)
@@ -29,14 +30,6 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
-if [ "${1:-all}" = sweep ]; then
-  TRITON_INTERPRET=0 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py -k "opcheck or fullgraph or split_k" \
-    2>&1 | tee "$OUT/tests.log" | tail -3
-  timeout 200 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
-    --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | tail -60
-  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null; say "done"; exit 0
-fi
-
 say "Marlin: building in the background"
 MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
@@ -47,6 +40,20 @@ m = gptq_kernels.build_kernel("gptq_marlin", {"qweight": qw, "qzeros": qz, "scal
 print("marlin built", type(m).__name__, m(torch.randn(1, 256, device="cuda", dtype=torch.float16)).shape)
 EOF
 MARLIN=$!
+
+if [ "${1:-all}" = sweep ]; then
+  TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
+  timeout 330 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
+    --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
+  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null
+  say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
+  if [ -f /tmp/ksweep/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 15 )) python3 scripts/bench_w4a16.py --out /tmp/ksweep2 --marlin-into /tmp/ksweep/bench_w4a16.json \
+      --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -20
+    cp /tmp/ksweep2/bench_w4a16.* "$OUT/" 2>/dev/null
+  fi
+  say "done"; exit 0
+fi
 
 say "tests, compiled"
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -5
