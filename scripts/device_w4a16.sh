@@ -13,7 +13,9 @@
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
 # `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers,
 # spills and SASS counts) at gate/up, down and q/o, M = 1 and 16, beside bf16 and the Int4 GEMV, then Marlin's
-# columns for the same shapes once its build is done (~9 minutes).
+# columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's and the fixture's tests,
+# the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
+# the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
 T0=$(date +%s)
@@ -41,6 +43,22 @@ print("marlin built", type(m).__name__, m(torch.randn(1, 256, device="cuda", dty
 EOF
 MARLIN=$!
 
+if [ "${1:-all}" = table ]; then
+  TRITON_INTERPRET=0 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_quantlab_linear.py \
+    2>&1 | tee "$OUT/tests.log" | tail -3
+  say "the trained fixture: quantlab against gptq_torch"
+  timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
+  cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
+  timeout 150 python3 scripts/bench_w4a16.py --out /tmp/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
+  cp /tmp/ktable/bench_w4a16.* "$OUT/" 2>/dev/null
+  say "waiting for Marlin's build"; wait $MARLIN; tail -1 /tmp/marlin_build.log
+  if [ -f /tmp/ktable/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 10 )) python3 scripts/bench_w4a16.py --out /tmp/ktable2 --marlin-into /tmp/ktable/bench_w4a16.json \
+      2>&1 | grep -v "^INFO\|gc.collect" | tail -30
+    cp /tmp/ktable2/bench_w4a16.* "$OUT/" 2>/dev/null
+  fi
+  say "done"; exit 0
+fi
 if [ "${1:-all}" = sweep ]; then
   TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
   timeout 330 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
