@@ -198,3 +198,33 @@ def test_static_cache_generate_gives_the_stock_tokens(models, grouped_calls, sdp
     decode = [m for q, k, m in sdpa_spy if q[2] == groups]
     assert len(decode) == layers * (new - 1) and all(q[1] == k[1] == kv for q, k, _ in sdpa_spy)
     assert all(m.shape == (len(PROMPTS), 1, groups, 128) and m.stride(2) == 0 for m in decode)  # the mask, not copied
+
+
+def test_compiled_decode_step_reads_the_unexpanded_cache(models):
+    """The decode step as transformers compiles it (fullgraph, here through dynamo's graph without inductor:
+    a graph break would be an error): stock sdpa's graph calls SDPA on K/V expanded to every query head,
+    the grouped one's on the cache's own K/V heads, and both give the stock eager tokens."""
+    from transformers import CompileConfig, StaticCache
+
+    tok, base, grouped = models
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    eager = base.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                          past_key_values=StaticCache(config=base.config, max_cache_len=64))
+    kv, heads = base.config.num_key_value_heads, base.config.num_attention_heads
+    for model, key_heads in ((base, heads), (grouped, kv)):
+        shapes = []
+
+        def backend(gm, example_inputs):
+            shapes.extend(tuple(n.args[1].meta["example_value"].shape) for n in gm.graph.nodes
+                          if n.op == "call_function" and "scaled_dot_product" in str(n.target))
+            return gm.forward
+        config = CompileConfig(fullgraph=True, backend=backend, mode=None, dynamic=False)
+        config._compile_all_devices = True                      # transformers compiles on a GPU only by default
+        try:
+            out = model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=0, compile_config=config,
+                                 past_key_values=StaticCache(config=model.config, max_cache_len=64))
+        finally:
+            del model._compiled_call
+            torch._dynamo.reset()
+        assert torch.equal(out, eager)
+        assert len(shapes) == model.config.num_hidden_layers and {s[1] for s in shapes} == {key_heads}
