@@ -211,5 +211,6 @@ def test_compiled_decode_runs_the_grouped_attention_and_eager_keeps_the_model_s(
     assert decode.prepare_decode(lm, "compiled").summary()["attention"] == "sdpa_grouped"
     lm = _cuda_lm()
     assert decode.prepare_decode(lm, "eager").summary()["attention"] == "sdpa"
-    with pytest.raises(ValueError, match=r"decode: 'compiled' runs the grouped-query attention: .*kept attention 'sdpa'"):
+    says = r"decode: 'compiled' runs the grouped-query attention: .*kept attention 'sdpa'"
+    with pytest.raises(ValueError, match=says):
         decode.prepare_decode(_cuda_lm(takes=False), "compiled")

@@ -59,8 +59,8 @@ def test_lm_eval_stops_are_the_ones_hflm_hands_to_generate(tok, monkeypatch):
     lm.generate_until([Instance("generate_until", {}, (p, dict(gen_kwargs)), i) for i, p in enumerate(prompts)])
     (ids, kw), = seen
     theirs, ours = kw["stopping_criteria"], prof.lm_eval_stops(tok, ids)
-    fields = lambda crits: [(c.sequence, c.sequence_ids, c.initial_decoder_input_length, len(c.done_tracker))  # noqa: E731
-                            for c in crits]
+    def fields(crits):
+        return [(c.sequence, c.sequence_ids, c.initial_decoder_input_length, len(c.done_tracker)) for c in crits]
     assert fields(ours) == fields(theirs)
     assert [c.sequence for c in ours] == ["Question:", "</s>", "<|im_end|>", tok.decode(tok.eos_token_id)]
     assert fields(ours)[0][2:] == (ids.shape[1], 2)
