@@ -24,7 +24,8 @@ def record(backend):
 def test_gptq_backend_policy(monkeypatch):
     monkeypatch.delenv(models.GPTQ_ENV, raising=False)
     assert models.gptq_backend("cpu") == "auto"
-    assert models.gptq_backend("cuda", record=record("cuda")) == "gptq_triton"
+    assert models.gptq_backend("cuda", record=record("cuda")) == "quantlab"           # the course's kernel
+    assert models.gptq_backend("cuda", record=record("musa")) == "gptq_triton"
     assert models.gptq_backend("cuda", "gptq_marlin", record=record("cuda")) == "gptq_marlin"
     assert models.gptq_backend("cuda", "GPTQ_Torch ", record=record("cuda")) == "gptq_torch"
     monkeypatch.setenv(models.GPTQ_ENV, "gptq_exllama_v2")            # the override beats the parameter

@@ -82,14 +82,16 @@ def kernel_name(requested="auto") -> tuple[str, str]:
 
 def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe: bool = True) -> str:
     """Which GPTQModel kernel to ask for: $QUANTLAB_GPTQ_BACKEND if set (an override), else `requested`
-    (a lab's gptq_backend parameter); "auto" means "auto" on CPU, "gptq_torch" on ROCm, "gptq_triton" on
-    another GPU. "quantlab" is the course's own W4A16 kernel (utils.quantlab_linear: loaded through gptq_torch,
-    then swapped), refused on a CPU outside Triton's interpreter. record: utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel
-    that does not work on ROCm is refused there (ValueError naming the parameter).
+    (a lab's gptq_backend parameter); "auto" means "auto" on CPU, "gptq_torch" on ROCm, "quantlab" on an
+    NVIDIA GPU, "gptq_triton" on another. "quantlab" is the course's own W4A16 kernel (utils.quantlab_linear:
+    loaded through gptq_torch, then swapped), refused on a CPU outside Triton's interpreter. record:
+    utils.platform's PlatformRecord (detected when None). With rocm_safe, a kernel that does not work on ROCm
+    is refused there (ValueError naming the parameter).
 
-    Why not "auto" on an NVIDIA GPU: on Hopper (H100/H200) GPTQModel 7.6's auto choice is its Machete
-    kernel, which downloads CUTLASS and compiles it at load time; offline that fails with a URLError
-    (measured on the device machine). The Triton kernel needs only Triton.
+    Why quantlab on an NVIDIA GPU: measured on the H100 (docs/kernels.md), it decodes the Int4 model faster
+    than BF16 and than GPTQModel's Triton kernel, generates what gptq_torch generates on the trained
+    fixture, and needs only Triton. Not GPTQModel's own "auto": on Hopper its choice is Machete, which
+    downloads CUTLASS and compiles it at load time; offline that fails with a URLError.
     """
     chosen, source = kernel_name(requested)
     on_cpu = str(device).startswith("cpu")
@@ -100,7 +102,9 @@ def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe
             record = detect_platform()
         rocm = getattr(record, "backend", "") == "rocm"
     if chosen == "auto":
-        return "auto" if on_cpu else ("gptq_torch" if rocm else "gptq_triton")
+        if on_cpu:
+            return "auto"
+        return "gptq_torch" if rocm else (QUANTLAB if getattr(record, "backend", "") == "cuda" else "gptq_triton")
     if chosen == QUANTLAB and on_cpu and os.environ.get("TRITON_INTERPRET", "0") != "1":
         raise ValueError(f"{source}={chosen!r} is a Triton kernel for a GPU; on a CPU use auto or gptq_torch")
     if rocm and rocm_safe and chosen not in ROCM_SAFE_GPTQ:

@@ -59,11 +59,11 @@ PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per
 
 
 def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool) -> str:
-    """The unpacking a call gets: the weight as the first operand, unpacked in PTX (fp16 scales) or in Triton
-    (other scales, or under the interpreter, which runs no PTX); act-order's per-row groups: 'reshape'."""
+    """The unpacking a call gets: the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
+    Triton (other scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
     if act_order:
         return "reshape"
-    return "ptx" if scales_dtype == torch.float16 and not interpreted() else "join"
+    return "ptx" if scales_dtype == torch.float16 and not interpreted() and torch.version.hip is None else "join"
 
 
 def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack: str = "ptx") -> W4A16Tile:
@@ -172,9 +172,10 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         require(tile.unpack in UNPACKS, f"tile.unpack must be one of {UNPACKS}, got {tile.unpack!r}")
         require(tile.unpack in ("reshape", "rows") or g_idx is None,
                f"tile.unpack={tile.unpack!r} reads one group per tile; act-order (g_idx) needs 'reshape' or 'rows'")
-        require(tile.unpack != "ptx" or (scales.dtype == torch.float16 and not interpreted()),
-               f"tile.unpack='ptx' needs float16 scales and a GPU (got {scales.dtype}"
-               f"{', the interpreter' if interpreted() else ''}): use 'join'")
+        require(tile.unpack != "ptx" or (scales.dtype == torch.float16 and not interpreted()
+                                          and torch.version.hip is None),
+               f"tile.unpack='ptx' needs float16 scales and an NVIDIA GPU (got {scales.dtype}"
+               f"{', the interpreter' if interpreted() else ''}{', ROCm' if torch.version.hip else ''}): use 'join'")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None)
         cache.gemv_plans[key] = plan
