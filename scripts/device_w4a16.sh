@@ -17,7 +17,8 @@
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
-# LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s), then (unless PROFILE=0) the decode profile under both
+# LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
+# Marlin), then (unless PROFILE=0) the decode profile under both
 # attentions with lm-eval's stops (~9 minutes).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
@@ -49,6 +50,11 @@ MARLIN=$!
 if [ "${1:-all}" = model ]; then
   TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
   kill $MARLIN 2>/dev/null
+  if [ "${KBENCH:-0}" = 1 ]; then
+    timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
+      grep -v "^|" | tail -12
+    cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
+  fi
   if [ ! -f "$W/gsm8k/test.jsonl" ]; then
     mkdir -p "$W/gsm8k"
     for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
