@@ -16,7 +16,6 @@ Writes bench_w4a16.md and bench_w4a16.json into --out (refuses a folder that has
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import statistics
@@ -136,12 +135,7 @@ def main(argv=None) -> int:
             row["ours_rel"] = metrics.relative_l2(y.cpu(), ref)
             row["ours_same_bits"] = all(torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y) for _ in range(3))
             row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
-            tile = w4a16_default_tile(M, K, N, 128, sms, "ptx")
-            row["tile"] = vars(tile)
-            if tile.split_k > 1:          # the same tile, its partials summed by a second kernel
-                apart = dataclasses.replace(tile, sum_kernel=True)
-                row["sum_kernel_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=apart),
-                                               (x, qw, qz, s))
+            row["tile"] = vars(w4a16_default_tile(M, K, N, 128, sms, "ptx"))
             row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)
@@ -206,13 +200,12 @@ def markdown(meta, rows, sweep) -> str:
            f"torch {meta['torch']}, Triton {meta['triton']}. Command: `{meta['command']}`. Cold weights under "
            "CUDA-graph replay; rel = relative L2 against float64 x @ W (W the reference dequant); the bound is "
            "the course's derived one for fp16.", "",
-           "| shape | K -> N | M | ours us | ours, sum kernel us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
-           "| ours / Marlin | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 14]
+           "| shape | K -> N | M | ours us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel | ours / Marlin "
+           "| Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 13]
     for r in rows:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
-        out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} | {f(r.get('sum_kernel_us'))} "
-                   f"| {f(r['ours_gbps'], 0)} "
+        out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} | {f(r['ours_gbps'], 0)} "
                    f"| {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")

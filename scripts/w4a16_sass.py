@@ -38,12 +38,12 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int) -> str:
     from utils.kernels.w4a16_kernels import w4a16_kernel
 
     sig = {"x_ptr": "*fp16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
-           "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "lock_ptr": "*i32", "M": "i32", "K": "i32", "N": "i32",
+           "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "K": "i32", "N": "i32",
            "stride_xm": "i32"}
     consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
-                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack), FIXUP=True)
+                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack))
     sig.update({k: "constexpr" for k in consts})
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}
     k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"

@@ -82,25 +82,6 @@ def test_split_k_is_deterministic_and_agrees(split_k):
     assert torch.isfinite(y).all() and not torch.isfinite(poisoned).any()
 
 
-@pytest.mark.parametrize("unpack", ["reshape", "join"])
-def test_last_program_sums_the_partials_as_the_sum_kernel_does(unpack):
-    """The in-kernel fix-up against the second kernel: the same partials added in the same order, so the same
-    bits; called again and again (the counters go back to zero), and for another M on the same plan's shapes."""
-    t, w = layer(K=512, N=96, group=64, bias=True, seed=8)
-    for M in (1, 7):
-        x = torch.randn(M, 512, generator=torch.Generator().manual_seed(M)).to(DEVICE)
-        fixup = w4a16.W4A16Tile(block_n=32, block_k=64, split_k=4, num_warps=1, unpack=unpack)
-        apart = w4a16.W4A16Tile(block_n=32, block_k=64, split_k=4, num_warps=1, unpack=unpack, sum_kernel=True)
-        y = call(x, t, 64, 1, tile=fixup)
-        assert torch.equal(y, call(x, t, 64, 1, tile=apart))
-        for _ in range(3):
-            assert torch.equal(call(x, t, 64, 1, tile=fixup), y)
-        plan = w4a16.w4a16_plan(x, t["qweight"], t["qzeros"], t["scales"], None, t["bias"], 64, 1, fixup)
-        assert plan.sum is None and plan.locks.shape == (3,) and not plan.locks.any()   # 96 / 32 blocks, all back to 0
-        ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
-        assert metrics.relative_l2(y.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 512)
-
-
 def test_leading_dims_and_a_strided_input():
     t, w = layer(seed=2)
     x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)[..., ::2]   # [2, 3, 256]

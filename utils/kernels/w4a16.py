@@ -34,15 +34,13 @@ class W4A16Tile:
     (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
     codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
     once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
-    in its thread, in Triton or in PTX), and how split-K's partials are summed (sum_kernel: by a second kernel;
-    False: by the last program of each column block, w4a16_kernels._fixup; the same bits either way)."""
+    in its thread, in Triton or in PTX)."""
     block_n: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int = 2
     unpack: str = "reshape"
-    sum_kernel: bool = False
 
 
 UNPACKS = ("reshape", "rows", "join", "ptx")    # the kernel's UNPACK 0..3
@@ -90,22 +88,16 @@ class W4A16Plan:
     """How w4a16_matmul runs one (device, dtypes, shapes, options): the tile and its launches, made and
     checked once; a call then allocates its output (and split-K partials) and launches."""
 
-    def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision, device):
+    def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias = act_order, has_bias
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                       SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack))
-        n_blocks = triton.cdiv(N, tile.block_n)
-        fixup = tile.split_k > 1 and not tile.sum_kernel
-        consts["FIXUP"] = fixup
-        self.gemm = Launch(w4a16_kernel, (n_blocks, tile.split_k), consts,
+        self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
-        # the fix-up's counters, one per column block: made once (not while a CUDA graph is captured), zero
-        # between calls; plans are per device, and one stream's calls run one after another
-        self.locks = torch.zeros(n_blocks if fixup else 1, dtype=torch.int32, device=device)
         self.sum = None
-        if tile.split_k > 1 and tile.sum_kernel:
+        if tile.split_k > 1:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK),
                                dict(num_warps=4, num_stages=1))
@@ -113,11 +105,11 @@ class W4A16Plan:
 
     def run(self, x, qweight, qzeros, scales, g_idx, bias) -> torch.Tensor:
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.tile.split_k == 1 else torch.empty((self.tile.split_k, self.M, self.N), device=x.device,
-                                                            dtype=torch.float32)
+        part = y if self.sum is None else torch.empty((self.tile.split_k, self.M, self.N), device=x.device,
+                                                      dtype=torch.float32)
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
-        ptrs = (x, qweight, qzeros, scales, g, b, y, part, self.locks)
+        ptrs = (x, qweight, qzeros, scales, g, b, y, part)
         aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
                    | b.data_ptr()) % 16 == 0             # y and part: fresh from the allocator, aligned
         self.calls += 1
@@ -185,7 +177,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                f"tile.unpack='ptx' needs float16 scales and an NVIDIA GPU (got {scales.dtype}"
                f"{', the interpreter' if interpreted() else ''}{', ROCm' if torch.version.hip else ''}): use 'join'")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, x2.device)
+                         "ieee" if x2.dtype == torch.float32 else None)
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan

@@ -111,13 +111,12 @@ def _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP: tl.constexpr
 
 
 @triton.jit
-def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, K, N, stride_xm,
+def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
                   GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr, UNPACK: tl.constexpr, FIXUP: tl.constexpr):
+                  PRECISION: tl.constexpr, UNPACK: tl.constexpr):
     """One column block (program_id 0) over one range of K blocks (program_id 1). SPLIT_K == 1: y written
-    here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N], and with
-    FIXUP the column block's last program to finish sums the partials (_fixup), else w4a16_sum_kernel does.
+    here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N].
     UNPACK 0 / 1: x [M, K] @ W tile (the weight the second operand; 1 loads each word once per row it feeds);
     2 / 3: (W tile)^T @ x^T, the weight the first operand, unpacked by _dequant_tile_t (3: through PTX)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -153,30 +152,6 @@ def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, lo
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
     else:
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=omask)
-        if FIXUP:
-            _fixup(part_ptr, lock_ptr + pid_n, b_ptr, y_ptr, rm, rn, omask, M, N, SPLIT_K, HAS_BIAS, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
-def _fixup(part_ptr, lock_ptr, b_ptr, y_ptr, rm, rn, omask, M, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Split-K's sum without a second kernel: each program takes a ticket from its column block's counter
-    after its partial is stored (the barrier, then one acq_rel atomic: release makes the whole program's
-    stores visible, acquire shows the last one everybody else's). The program with the last ticket adds
-    the SPLIT_K partials in order 0, 1, ... (the same bits as w4a16_sum_kernel, every run), reading them
-    from L2 (an L1 may hold a previous call's), and sets the counter back to 0 for the next call. No
-    program waits on another, so none can hang. The counter belongs to one stream's calls at a time."""
-    tl.debug_barrier()
-    ticket = tl.atomic_add(lock_ptr, 1, sem="acq_rel", scope="gpu")
-    if ticket == SPLIT_K - 1:
-        y = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(SPLIT_K):
-            y += tl.load(part_ptr + (k * M + rm[:, None]) * N + rn[None, :], mask=omask, other=0.0,
-                         cache_modifier=".cg")
-        if HAS_BIAS:
-            y += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=omask)
-        tl.atomic_xchg(lock_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
