@@ -1,0 +1,106 @@
+"""scripts/multigpu_bench.py: how `full` picks its number of problems from the warm-up, what its md claims
+(never the whole test set unless it ran), a whole `full` part on two CPU processes, and a shard that fails
+kept as the finding (the GPU runs are the device machine's job: scripts/multigpu_7b.sh)."""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "fixtures" / "tiny-qwen2-gsm"
+sys.path.insert(0, str(REPO / "scripts"))
+spec = importlib.util.spec_from_file_location("multigpu_bench", REPO / "scripts" / "multigpu_bench.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+import multigpu_md as md  # noqa: E402
+
+
+def _warm(wall=60.0, gen=40.0, first=30.0, steady_ms=10.0):
+    """A warm-up launch's result as run_gsm8k_parallel returns it, only what plan_limit reads."""
+    return {"parallel": {"wall_seconds": wall, "workers": [
+        {"throughput": {"seconds": gen}, "decode": {"first_call_s": first, "steady_ms_per_step": steady_ms}}]}}
+
+
+def test_the_whole_test_set_when_both_launches_fit():
+    p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
+    # fixed 20 s; a call 2.56 s; a warm compile half of (30 - 2.56); a last batch of 7 (1 GPU) and 4 (2 GPUs)
+    # compiles again: 1 GPU 20 + 2 x 13.72 + 83 x 2.56, 2 GPUs 20 + 2 x 13.72 + 42 x 2.56
+    assert p["limit"] == 1319 and p["why"] == ""
+    assert p["predicted_s"][1] == pytest.approx(259.92) and p["predicted_s"][2] == pytest.approx(154.96)
+
+
+def test_the_most_problems_that_fit_below_the_whole_set():
+    p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=300)
+    n = p["limit"]
+    assert n is not None and n < 1319 and n % 32 == 0                   # no smaller last batch on either count
+    assert sum(p["predicted_s"].values()) <= 300
+    over = bench.plan_limit(_warm(), target=n + 32, gpus=2, batch=16, max_gen_toks=256, seconds=300)
+    assert over["limit"] == n                                           # 32 more would not have fitted
+    assert "1,319 would take about 415 s" in p["why"]
+
+
+def test_nothing_runs_when_not_even_one_round_fits_and_it_says_why():
+    p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=60)
+    assert p["limit"] is None and "even 32 problems" in p["why"] and "60 s left" in p["why"]
+
+
+def test_without_a_steady_call_the_first_one_is_the_rate():
+    warm = _warm(first=30.0, steady_ms=None)
+    p = bench.plan_limit(warm, target=64, gpus=2, batch=16, max_gen_toks=256, seconds=10_000)
+    assert p["call_s"] == 30.0 and p["warm_compile_s"] == 0.0 and p["limit"] == 64
+
+
+@pytest.mark.parametrize("ran, target, says, never", [
+    (1319, 1319, "**All 1,319 problems**", "Not all"),
+    (960, 1319, "**Not all 1,319 problems: 960**", "All 1,319"),
+    (64, 64, "The first 64 of the 1,319 problems", "All 1,319"),
+    (None, 1319, "**No full run**: even 32", "All 1,319")])
+def test_the_md_claims_the_whole_test_set_only_when_it_ran(ran, target, says, never):
+    detail = {"total": 1319, "target": target, "ran": ran, "gpus": 2,
+              "plan": {"seconds": 300, "why": "even 32 problems ..." if ran is None else "1,319 would take about 415 s"},
+              "speedup_wall": None if ran is None else 1.84, "speedup_generation": 1.95}
+    text = " ".join(md.full_notes(detail, 1.8))
+    assert says in text and never not in text, text
+    if ran:
+        assert "target of 1.8x is met" in text
+    assert "**not met**" in " ".join(md.full_notes({**detail, "ran": 1319, "speedup_wall": 1.43}, 1.8))
+
+
+def test_a_full_part_on_two_cpu_processes_writes_a_kept_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTIGPU_CALL", "run(kind='nvidia-h100-x2', command='bash scripts/multigpu_7b.sh')")
+    args = ["full", "--model", str(FIXTURE / "bf16"), "--data", str(FIXTURE / "data"), "--limit", "8", "--batch", "2",
+            "--gpus", "2", "--warmup", "4", "--budget-s", "900", "--max-gen-toks", "12", "--device", "cpu",
+            "--target-speedup", "1.8", "--name", "t", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    run = json.loads((tmp_path / "t.json").read_text())
+    d = run["detail"]
+    assert d["ran"] == 8 and d["plan"]["limit"] == 8 and d["warmup"]["n"] == 4 and not d["failed"]
+    assert [r["GPUs"] for r in run["rows"]] == [1, 2] and [r["problems"] for r in run["rows"]] == [8, 8]
+    assert "speed-up, wall" in run["rows"][1] and d["compare"]["n"] == 8
+    intro, phases = d["tables"]["Where each launch's wall time went, per rank (s)"]
+    assert [(r["launch"], r["rank"]) for r in phases] == [("warm-up, 1 GPU", 0), ("1 GPU", 0), ("2 GPUs", 0),
+                                                          ("2 GPUs", 1)]
+    assert all(r["load s"] > 0 and r["calls"] >= 1 for r in phases) and "add up to the launch's wall" in intro
+    text = (tmp_path / "t.md").read_text()
+    assert text.startswith("# Lab 03 beyond one GPU: t (full)") and "run(kind='nvidia-h100-x2'" in text
+    assert "python scripts/multigpu_bench.py full --model" in text and "lm_eval 0.4" in text
+    assert "The first 8 of the" in text and "target of 1.8x" in text and "McNemar p" in text
+    with pytest.raises(SystemExit, match="exists already"):               # never overwritten
+        bench.main(args)
+
+
+def test_a_shard_that_fails_is_kept_as_the_finding(tmp_path, monkeypatch):
+    def refuse(*a, **k):
+        raise ValueError("device_map with several GPUs is not supported for this quantization method")
+
+    monkeypatch.setattr(bench.ep, "evaluate", refuse)
+    args = ["shard", "--model", str(FIXTURE / "gptq-int4"), "--data", str(FIXTURE / "data"), "--limit", "4",
+            "--max-gen-toks", "8", "--name", "int4-shard", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    text = (tmp_path / "int4-shard.md").read_text()
+    assert "**Finding: this model did not run sharded** (GPTQ-Int4" in text
+    assert "ValueError: device_map with several GPUs is not supported" in text and "| failed |" in text
+    js = json.loads((tmp_path / "int4-shard.json").read_text())
+    assert "Traceback" in js["detail"]["traceback"] and js["versions"]["transformers"]
