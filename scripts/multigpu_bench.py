@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -35,6 +36,7 @@ from utils.results import atomic_write_json, atomic_write_text  # noqa: E402
 
 MARGIN_S = 20               # kept free after the last launch: comparison, md, json
 WARM_COMPILE_FRACTION = 0.5  # planning: a compile from warm caches costs at most this share of the cold one
+CALL_SAFETY = 1.1           # planning: the warm-up's calls saw 2 batches' prompts, the run sees them all
 PHASES = ("start: launch to the worker's own code (interpreter, accelerate's launcher, imports); init: process "
           "group and GPU cap; load: model and tokenizer; first call: the first generate call (prefill, and a "
           "compiled decode's trace, compile and CUDA-graph capture); lm-eval: its task, prompts, scoring, "
@@ -50,25 +52,36 @@ def _peaks(run: dict) -> list[dict]:
 
 def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: int, seconds: float) -> dict:
     """The most problems (target at most) whose 1-GPU and `gpus`-GPU launches both fit `seconds`, predicted from
-    a warm-up launch's rank 0: its fixed cost (wall minus generation: start, load, lm-eval, exit), a steady
-    generate call (its ms per step x max_gen_toks: a call that runs to max_gen_toks, as a random model's does)
-    and a compile from warm caches (WARM_COMPILE_FRACTION of its first call's extra), counted once more for a
-    last, smaller batch. Below the target the limit is a multiple of batch x gpus (no smaller last batch)."""
+    the generate calls of a warm-up launch's rank 0 (full batches, then a smaller one): its fixed cost (wall
+    minus generation: start, load, lm-eval, exit); a steady full call (its seconds per step x max_gen_toks, a
+    call that runs to max_gen_toks as a random model's does; CALL_SAFETY more); the first call's compile, from
+    warm caches (WARM_COMPILE_FRACTION of the warm-up's); and, for a launch whose last batch is smaller, what the
+    warm-up's smaller last call cost beyond a full one (a new shape compiles again, cold: no launch has the same
+    one; without such a call, the whole cold compile).
+    Below the target the limit is a multiple of batch x gpus (no smaller last batch)."""
     w = warm["parallel"]["workers"][0]
-    dec = w.get("decode") or {}
+    calls = (w.get("decode") or {}).get("per_call") or []
     fixed = warm["parallel"]["wall_seconds"] - w["throughput"]["seconds"]
-    steady = dec.get("steady_ms_per_step")
-    call = (steady * max_gen_toks / 1000) if steady else (dec.get("first_call_s") or w["throughput"]["seconds"])
-    compile_s = WARM_COMPILE_FRACTION * max((dec.get("first_call_s") or 0) - call, 0) if steady else 0.0
+    per_step = [c["seconds"] / c["steps"] for c in calls[1:] if c.get("batch") == batch and c.get("steps")]
+    if per_step and calls:
+        call = statistics.median(per_step) * max_gen_toks
+        cold = max(calls[0]["seconds"] - call, 0)
+        compile_s = WARM_COMPILE_FRACTION * cold
+        last_s = max(calls[-1]["seconds"] - call, 0) if warm["n"] % batch and len(calls) > 2 else cold
+    else:                       # one call only: it is the rate (compile included), nothing added
+        call = calls[0]["seconds"] if calls else w["throughput"]["seconds"]
+        compile_s = last_s = 0.0
+    call *= CALL_SAFETY
 
     def launch(n: int, g: int) -> float:
         share = math.ceil(n / g)
-        return fixed + compile_s * (2 if share % batch else 1) + math.ceil(share / batch) * call
+        return fixed + compile_s + math.ceil(share / batch) * call + (last_s if share % batch else 0)
 
     def both(n: int) -> float:
         return launch(n, 1) + launch(n, gpus)
 
-    out = {"seconds": seconds, "fixed_s": fixed, "call_s": call, "warm_compile_s": compile_s, "target": target}
+    out = {"seconds": seconds, "fixed_s": fixed, "call_s": call, "warm_compile_s": compile_s,
+           "smaller_last_batch_s": last_s, "target": target}
     step = batch * gpus
     for n in [target] + list(range(target // step * step, 0, -step)):
         if both(n) <= seconds:
@@ -218,7 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--invariant-limit", type=int, default=0, help="compare: problems re-run at batch size 1 (0: none)")
-    ap.add_argument("--warmup", type=int, default=32, help="full: problems of the warm-up launch (two calls of --batch)")
+    ap.add_argument("--warmup", type=int, default=40, help="full: problems of the warm-up launch (2 full batches "
+                    "and a smaller one: the rates full plans with)")
     ap.add_argument("--budget-s", type=float, default=450, help="full: seconds for the warm-up and both launches")
     ap.add_argument("--target-speedup", type=float, default=None, help="full: the wall speed-up the md checks")
     ap.add_argument("--dtype", default="auto")

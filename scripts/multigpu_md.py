@@ -74,7 +74,10 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
     """The sentences of a `full` part that depend on what happened: how many problems, the warm-up, the target."""
     plan, total, out = detail.get("plan") or {}, detail["total"], []
     ran = detail.get("ran")
-    if ran is None:
+    if ran is None and detail.get("failed"):
+        out.append("**No comparison**: a launch did not complete in the time left (below); a 1-GPU run that did "
+                   "is in the tables alone, and no speed-up is claimed.")
+    elif ran is None:
         out.append(f"**No full run**: {plan.get('why') or detail.get('error') or 'see the log'}.")
     elif ran == total:
         out.append(f"**All {total:,} problems** of the test set ran on each GPU count.")
@@ -94,7 +97,7 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
                    f"both measured launches, so the 1-GPU and the {detail['gpus']}-GPU runs found the same warm "
                    f"TorchInductor and Triton caches ({caches})"
                    + ("; each rank still traces and captures its own decode step, and that time is in its first "
-                      "call below." if compiled else " (eager decode: nothing of the model is compiled)."))
+                      "call below." if compiled else "; with eager decode nothing of the model is compiled."))
     su = detail.get("speedup_wall")
     if su is not None and target_speedup:
         verdict = "met" if su >= target_speedup else "**not met**"
@@ -113,9 +116,11 @@ def launch_rows(label: str, run: dict, phases_of) -> list[dict]:
     for w in par["workers"]:
         ph = phases_of(w, par["launched_at"], par["wall_seconds"])
         dec = w.get("decode") or {}
+        calls = dec.get("per_call") or []
         rows.append({"launch": label, "rank": w["rank"], **{f"{k} s": _r(v) for k, v in ph.items()},
                      "calls": dec.get("calls"), "batches": ",".join(map(str, dec.get("batches") or [])),
-                     "steady ms/step": _r(dec.get("steady_ms_per_step"), 2)})
+                     "last call s (its batch)": f"{calls[-1]['seconds']:.1f} ({calls[-1]['batch']})"
+                     if len(calls) > 1 else "-", "steady ms/step": _r(dec.get("steady_ms_per_step"), 2)})
     return rows
 
 

@@ -17,28 +17,31 @@ spec.loader.exec_module(bench)
 import multigpu_md as md  # noqa: E402
 
 
-def _warm(wall=60.0, gen=40.0, first=30.0, steady_ms=10.0):
-    """A warm-up launch's result as run_gsm8k_parallel returns it, only what plan_limit reads."""
-    return {"parallel": {"wall_seconds": wall, "workers": [
-        {"throughput": {"seconds": gen}, "decode": {"first_call_s": first, "steady_ms_per_step": steady_ms}}]}}
+def _warm(calls=((16, 30.0), (16, 2.56), (8, 20.0)), wall=60.0, gen=40.0, n=40):
+    """A warm-up launch's result as run_gsm8k_parallel returns it (only what plan_limit reads): 256 steps a call."""
+    per_call = [{"batch": b, "steps": 256, "seconds": sec} for b, sec in calls]
+    return {"n": n, "parallel": {"wall_seconds": wall, "workers": [
+        {"throughput": {"seconds": gen}, "decode": {"per_call": per_call}}]}}
 
 
 def test_the_whole_test_set_when_both_launches_fit():
     p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
-    # fixed 20 s; a call 2.56 s; a warm compile half of (30 - 2.56); a last batch of 7 (1 GPU) and 4 (2 GPUs)
-    # compiles again: 1 GPU 20 + 2 x 13.72 + 83 x 2.56, 2 GPUs 20 + 2 x 13.72 + 42 x 2.56
-    assert p["limit"] == 1319 and p["why"] == ""
-    assert p["predicted_s"][1] == pytest.approx(259.92) and p["predicted_s"][2] == pytest.approx(154.96)
+    # fixed 20 s; a full call 2.56 s, x 1.1 to be safe; a warm compile half of the cold one (30 - 2.56); the
+    # smaller last batch (7 on 1 GPU, 4 and 3 on 2) compiles its own shape: 20 - 2.56 more, as in the warm-up
+    assert bench.CALL_SAFETY == 1.1 and p["limit"] == 1319 and p["why"] == ""
+    assert (p["call_s"], p["warm_compile_s"], p["smaller_last_batch_s"]) == pytest.approx((2.816, 13.72, 17.44))
+    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.816 + 17.44)
+    assert p["predicted_s"][2] == pytest.approx(20 + 13.72 + 42 * 2.816 + 17.44)
 
 
 def test_the_most_problems_that_fit_below_the_whole_set():
     p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=300)
     n = p["limit"]
-    assert n is not None and n < 1319 and n % 32 == 0                   # no smaller last batch on either count
-    assert sum(p["predicted_s"].values()) <= 300
+    assert n == 864 and sum(p["predicted_s"].values()) <= 300            # a multiple of 32: no smaller last batch
+    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 54 * 2.816)
     over = bench.plan_limit(_warm(), target=n + 32, gpus=2, batch=16, max_gen_toks=256, seconds=300)
     assert over["limit"] == n                                           # 32 more would not have fitted
-    assert "1,319 would take about 415 s" in p["why"]
+    assert "1,319 would take about 454 s" in p["why"]
 
 
 def test_nothing_runs_when_not_even_one_round_fits_and_it_says_why():
@@ -46,19 +49,28 @@ def test_nothing_runs_when_not_even_one_round_fits_and_it_says_why():
     assert p["limit"] is None and "even 32 problems" in p["why"] and "60 s left" in p["why"]
 
 
+def test_without_a_smaller_warm_up_batch_its_compile_counts_cold():
+    p = bench.plan_limit(_warm(calls=((16, 30.0), (16, 2.56)), n=32), target=1319, gpus=2, batch=16,
+                         max_gen_toks=256, seconds=1000)
+    assert p["smaller_last_batch_s"] == pytest.approx(30 - 2.56)
+
+
 def test_without_a_steady_call_the_first_one_is_the_rate():
-    warm = _warm(first=30.0, steady_ms=None)
-    p = bench.plan_limit(warm, target=64, gpus=2, batch=16, max_gen_toks=256, seconds=10_000)
-    assert p["call_s"] == 30.0 and p["warm_compile_s"] == 0.0 and p["limit"] == 64
+    p = bench.plan_limit(_warm(calls=((16, 30.0),), n=16), target=64, gpus=2, batch=16, max_gen_toks=256,
+                         seconds=10_000)
+    assert p["call_s"] == pytest.approx(33.0) and p["warm_compile_s"] == 0.0 and p["limit"] == 64
 
 
 @pytest.mark.parametrize("ran, target, says, never", [
     (1319, 1319, "**All 1,319 problems**", "Not all"),
     (960, 1319, "**Not all 1,319 problems: 960**", "All 1,319"),
     (64, 64, "The first 64 of the 1,319 problems", "All 1,319"),
-    (None, 1319, "**No full run**: even 32", "All 1,319")])
+    (None, 1319, "**No full run**: even 32", "All 1,319"),
+    ("failed", 1319, "**No comparison**: a launch did not complete", "speed-up of")])
 def test_the_md_claims_the_whole_test_set_only_when_it_ran(ran, target, says, never):
-    detail = {"total": 1319, "target": target, "ran": ran, "gpus": 2,
+    failed = {2: "gpus=2: ... timed out after 23 s"} if ran == "failed" else {}
+    ran = None if ran == "failed" else ran
+    detail = {"total": 1319, "target": target, "ran": ran, "gpus": 2, "failed": failed,
               "plan": {"seconds": 300, "why": "even 32 problems ..." if ran is None else "1,319 would take about 415 s"},
               "speedup_wall": None if ran is None else 1.84, "speedup_generation": 1.95}
     text = " ".join(md.full_notes(detail, 1.8))

@@ -322,11 +322,10 @@ def worker_settings(cfg: dict, device: str) -> EvalSettings:
 
 
 def _decode_brief(decode: dict | None) -> dict | None:
-    """A rank's decode summary without its per-call list, plus the batch sizes its calls had."""
+    """A rank's decode summary (utils.decode: every generate call's batch, steps, seconds) and its batch sizes."""
     if not decode:
         return None
-    return {**{k: v for k, v in decode.items() if k != "per_call"},
-            "batches": sorted({c["batch"] for c in decode.get("per_call", []) if c.get("batch")})}
+    return {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", []) if c.get("batch")})}
 
 
 def worker_phases(status: dict, launched_at: float, wall: float) -> dict:
