@@ -33,8 +33,11 @@ W=/tmp/quantlab-multigpu
 OUT=${OUT:-/tmp/out}
 call_cmd="bash scripts/multigpu_7b.sh"
 [ -n "${MULTIGPU_BUDGET_S:-}" ] && call_cmd="MULTIGPU_BUDGET_S=$MULTIGPU_BUDGET_S $call_cmd"
+[ -n "${INT4_SHAPE:-}" ] && call_cmd="INT4_SHAPE=$INT4_SHAPE $call_cmd"
 [ -n "${PARTS:-}" ] && call_cmd="PARTS=\"$PARTS\" $call_cmd"
-export MULTIGPU_CALL=${MULTIGPU_CALL:-"run(kind='nvidia-h100-x2', carry=['.whl', '.gsm8k'], timeout_s=600, command='$call_cmd')"}
+# the device-tool call each md names (MULTIGPU_CALL: give it where the call differed)
+export MULTIGPU_CALL=${MULTIGPU_CALL:-"run(kind='nvidia-h100-x2', carry=['.whl', '.gsm8k'], timeout_s=600, \
+command='$call_cmd')"}
 PARTS=${PARTS:-7b-full}
 INT4_SHAPE=${INT4_SHAPE:-14b}
 for p in $PARTS; do case "$p" in 7b-full|int4-shard|7b|fixture|14b) ;;
@@ -60,7 +63,8 @@ mkdir -p "$W/gsm8k"
 real=0
 if [ -f .gsm8k/test.jsonl.xz ] && [ -f .gsm8k/train.jsonl.xz ]; then
   for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
-    ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done; real=1; say "GSM8K: the real one ($(wc -l < "$W/gsm8k/test.jsonl") test problems)"
+    ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
+  real=1; say "GSM8K: the real one ($(wc -l < "$W/gsm8k/test.jsonl") test problems)"
 else cp fixtures/tiny-qwen2-gsm/data/*.jsonl "$W/gsm8k/"; say "GSM8K: the fixture's (no .gsm8k/ carried)"; fi
 
 bench() {   # multigpu_bench.py with the time left (minus a margin for the tar and the summary)
@@ -112,7 +116,8 @@ for part in $PARTS; do
   esac
 done
 kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null
-awk -F', *' 'NF == 2 && $2 + 0 > m[$1] { m[$1] = $2 + 0 } END { for (g in m) printf "nvidia-smi peak over the call, GPU %s: %.2f GiB\n", g, m[g] / 1024 }' \
+awk -F', *' 'NF == 2 && $2 + 0 > m[$1] { m[$1] = $2 + 0 }
+  END { for (g in m) printf "nvidia-smi peak over the call, GPU %s: %.2f GiB\n", g, m[g] / 1024 }' \
   "$W/smi.csv" | sort | tee -a "$OUT/multigpu.log"
 works=$(cd "$OUT" && ls -d ./*-work 2>/dev/null)
 # shellcheck disable=SC2086  # one word per work folder

@@ -3,7 +3,7 @@ model sharded over the cards under the profile's memory cap. Every run is Lab 03
 (utils.eval_parallel: accelerate launch workers; utils.evaluation: lm-eval's gsm8k task).
 
     python scripts/multigpu_bench.py full --model M --data D --limit 0 --batch 16 --gpus 2 --decode compiled \\
-        --max-length 2048 --warmup 32 --budget-s 450 --name 7b-full --out OUT   # every problem, 1 and N GPUs
+        --max-length 2048 --warmup 40 --budget-s 450 --name 7b-full --out OUT   # every problem, 1 and N GPUs
     python scripts/multigpu_bench.py compare --model M --data D --limit 256 --batch 16 --gpus 2 \\
         --invariant-limit 64 --name fixture --out OUT       # 1 vs N GPUs at batch 16, and at batch 1
     python scripts/multigpu_bench.py shard --model M14 --data D --limit 16 --batch 16 --name 14b --out OUT
@@ -36,7 +36,8 @@ from utils.results import atomic_write_json, atomic_write_text  # noqa: E402
 
 MARGIN_S = 20               # kept free after the last launch: comparison, md, json
 WARM_COMPILE_FRACTION = 0.5  # planning: a compile from warm caches costs at most this share of the cold one
-CALL_SAFETY = 1.1           # planning: the warm-up's calls saw 2 batches' prompts, the run sees them all
+CALL_SAFETY = 1.05          # planning: the warm-up's calls saw 2 batches' prompts, the run sees them all
+OVERRUN_S = 15              # a launch may run this far past --budget-s before it is stopped (md still written)
 PHASES = ("start: launch to the worker's own code (interpreter, accelerate's launcher, imports); init: process "
           "group and GPU cap; load: model and tokenizer; first call: the first generate call (prefill, and a "
           "compiled decode's trace, compile and CUDA-graph capture); lm-eval: its task, prompts, scoring, "
@@ -119,7 +120,7 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
             try:
                 runs[g] = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-{g}gpu", gpus=g,
                                                 data_files=data, settings=s.replace(limit=plan["limit"]),
-                                                timeout_s=max(deadline - time.monotonic() + MARGIN_S / 2, 1))
+                                                timeout_s=max(deadline - time.monotonic() + OVERRUN_S, 1))
             except ep.WorkerError as exc:
                 detail["failed"][g] = str(exc)
                 break
@@ -145,7 +146,8 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
             "differing scores, strict-match": c["differing_scores_strict-match"],
             "differing scores, flexible-extract": c["differing_scores_flexible-extract"],
             "strict-match %, 1 GPU": round(100 * c["acc_one"], 2), f"strict-match %, {args.gpus} GPUs":
-            round(100 * c["acc_many"], 2), "McNemar p": round(c["mcnemar_p"], 4), "first differing": c["first_differing"]}]
+            round(100 * c["acc_many"], 2), "McNemar p": round(c["mcnemar_p"], 4),
+            "first differing": c["first_differing"]}]
     elif plan["limit"] is None:
         detail["error"] = plan["why"]
     detail["tables"]["Where each launch's wall time went, per rank (s)"] = (PHASES, phases)
@@ -216,7 +218,8 @@ def shard(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
            "GPTQ kernels": ", ".join(run["settings"].get("gptq_kernels") or []) or "-", **_card_peaks(torch),
            "host peak RSS GiB": round(info["peaks"]["host_peak_rss_gib"], 2)}
     info["notes"] = [f"{kind} model split over {torch.cuda.device_count()} cards by accelerate's device map "
-                     f"(planned for max_memory_per_gpu {info['max_memory_per_gpu']}), every card under {cap.get('reason')}."]
+                     f"(planned for max_memory_per_gpu {info['max_memory_per_gpu']}), every card under "
+                     f"{cap.get('reason')}."]
     return [row], info
 
 
@@ -262,8 +265,8 @@ def main(argv=None) -> int:
     seconds = time.monotonic() - t0
     where = f"{md.machine()}, {seconds:.0f} s for this part"
     cap = os.environ.get("QUANTLAB_GPU_MEMORY_GIB")
-    settings_line = (f"Model `{args.model}`, dtype {args.dtype}, decode {args.decode}, batch {args.batch}, max_gen_toks "
-                     f"{args.max_gen_toks}, max_length {args.max_length}; "
+    settings_line = (f"Model `{args.model}`, dtype {args.dtype}, decode {args.decode}, batch {args.batch}, "
+                     f"max_gen_toks {args.max_gen_toks}, max_length {args.max_length}; "
                      + (f"GPU memory cap {cap} GiB in every process (QUANTLAB_GPU_MEMORY_GIB, utils/gpu_cap.py)."
                         if cap else "no GPU memory cap (QUANTLAB_GPU_MEMORY_GIB unset)."))
     vers = md.versions()
