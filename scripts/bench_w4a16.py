@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from utils import gptq, metrics, timing  # noqa: E402
 from utils.kernels import cache, int4_gemv  # noqa: E402
-from utils.kernels.w4a16 import W4A16Tile, w4a16_default_tile, w4a16_matmul, w4a16_op  # noqa: E402
+from utils.kernels.w4a16 import W4A16Tile, w4a16_default_tile, w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
 
 SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
           "down_proj": (18944, 3584)}
@@ -47,6 +47,12 @@ def cold_modules_us(mods, x) -> float:
     """Graph replays cycling over `mods` (each its own copy of the weights), so each call reads cold."""
     it = itertools.cycle(mods)
     return median_us(lambda: timing.time_kernel(lambda: next(it)(x), "cuda"))
+
+
+def compiled_report(plan) -> dict:
+    """Registers and spills of the compiled kernel (its machine code, counted: scripts/w4a16_sass.py)."""
+    k = plan.gemm.compiled
+    return {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
 
 
 def layer(K, N, seed=0):
@@ -129,7 +135,7 @@ def main(argv=None) -> int:
             row["ours_rel"] = metrics.relative_l2(y.cpu(), ref)
             row["ours_same_bits"] = all(torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y) for _ in range(3))
             row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
-            row["tile"] = vars(w4a16_default_tile(M, K, N, 128, sms))
+            row["tile"] = vars(w4a16_default_tile(M, K, N, 128, sms, "ptx"))
             row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)
@@ -157,18 +163,24 @@ def main(argv=None) -> int:
             rows.append(row)
             if args.sweep and M in (1, 16):
                 base = w4a16_default_tile(M, K, N, 128, sms)
-                grid = [*itertools.product((64,), (0.5, 1, 2), (2, 4), (False, True)), (128, 1, 4, False), (128, 1, 4, True)]
-                for bn, f, st, by_rows in grid:
+                grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
+                        *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
+                for unpack, bn, f, st, warps in grid:
                     split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
-                    tile = W4A16Tile(bn, 128, split, 4, st, by_rows)
+                    tile = W4A16Tile(bn, 128, split, warps, st, unpack)
+                    rec = {"shape": name, "M": M, **vars(tile), "us": None}
                     try:
-                        us = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=tl),
-                                     (x, qw, qz, s))
+                        y = w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=tile)
+                        rec["rel"] = metrics.relative_l2(y.cpu(), ref)
+                        rec["us"] = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1,
+                                                                                      tile=tl), (x, qw, qz, s))
+                        rec.update(compiled_report(w4a16_plan(x, qw, qz, s, None, None, 128, 1, tile)))
                     except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
-                        us = None
-                        log(f"tile {tile} failed: {exc}")
-                    sweep.append({"shape": name, "M": M, **vars(tile), "us": us})
-                    log(f"  sweep {name} M={M} {vars(tile)}: {us}")
+                        rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                        log(f"tile {tile} failed: {rec['error']}")
+                    sweep.append(rec)
+                    log(f"  sweep {name} M={M} {vars(tile)}: {rec.get('us')} us, rel {rec.get('rel')}, "
+                        f"regs {rec.get('regs')}, spills {rec.get('spills')}")
         del marlin
         torch.cuda.empty_cache()
         write(args.out, meta, rows, sweep)          # after every shape: a run cut short keeps its rows
@@ -203,10 +215,12 @@ def markdown(meta, rows, sweep) -> str:
         if r["M"] == 1:
             out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r['eager_op_us'])} | {f(r.get('eager_marlin_us'))} |")
     if sweep:
-        out += ["", "Tile sweep (us, cold):", "", "| shape | M | block_n | warps | split_k | stages | unpack | us |",
-                "|---|---|---|---|---|---|---|---|"]
-        out += [f"| {s['shape']} | {s['M']} | {s['block_n']} | {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} "
-                f"| {'rows' if s.get('rows') else 'reshape'} | {f(s['us'])} |" for s in sweep]
+        out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",
+                "| shape | M | unpack | block_n | warps | split_k | stages | us | rel | regs | spills |", "|" + "---|" * 11]
+        out += [f"| {s['shape']} | {s['M']} | {s.get('unpack', 'rows' if s.get('rows') else 'reshape')} | {s['block_n']} "
+                f"| {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} | {f(s['us'])} "
+                f"| {'-' if s.get('rel') is None else format(s['rel'], '.2e')} | {s.get('regs', '-')} "
+                f"| {s.get('spills', '-')} |" for s in sweep]
     return "\n".join(out) + "\n"
 
 

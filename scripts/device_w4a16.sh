@@ -11,8 +11,13 @@
 #     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
 #  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
-# `bash scripts/device_w4a16.sh sweep`: only the op's tests and the kernel's tile sweep at the shapes that carry
-# the bytes (gate/up, down; q/o for the eager call), M = 1 and 16, beside bf16 and the Int4 GEMV (~2 minutes).
+# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers,
+# spills and SASS counts) at gate/up, down and q/o, M = 1 and 16, beside bf16 and the Int4 GEMV, then Marlin's
+# columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's and the fixture's tests,
+# the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
+# the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
+# `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
+# LAB03_LIMIT problems, default 64), then the decode profile under both attentions with lm-eval's stops (~9 minutes).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
 T0=$(date +%s)
@@ -29,14 +34,6 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
-if [ "${1:-all}" = sweep ]; then
-  TRITON_INTERPRET=0 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py -k "opcheck or fullgraph or split_k" \
-    2>&1 | tee "$OUT/tests.log" | tail -3
-  timeout 200 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
-    --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | tail -60
-  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null; say "done"; exit 0
-fi
-
 say "Marlin: building in the background"
 MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
@@ -47,6 +44,58 @@ m = gptq_kernels.build_kernel("gptq_marlin", {"qweight": qw, "qzeros": qz, "scal
 print("marlin built", type(m).__name__, m(torch.randn(1, 256, device="cuda", dtype=torch.float16)).shape)
 EOF
 MARLIN=$!
+
+if [ "${1:-all}" = model ]; then
+  TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
+  kill $MARLIN 2>/dev/null
+  if [ ! -f "$W/gsm8k/test.jsonl" ]; then
+    mkdir -p "$W/gsm8k"
+    for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+      ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
+  fi
+  say "building the 7B-shaped pair"
+  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
+  say "Lab 03 settings (${LAB03_LIMIT:-64} problems)"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT 200 \
+    python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
+    --limit "${LAB03_LIMIT:-64}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
+    grep -v -i -e warn -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
+  cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
+  say "decode profile, both attentions, lm-eval's stops"
+  timeout -k 10 --signal=INT $(( $(left) - 15 )) python3 scripts/profile_decode.py --golden "$W/models/bf16" \
+    --int4 "$W/models/gptq-int4" --gptq-backend quantlab --attention sdpa_grouped sdpa --lm-eval-stops --out /tmp/profile 2>&1 |
+    grep -v -i -e warn -e "^INFO\|gc.collect" | tail -30
+  cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
+  say "done"; exit 0
+fi
+if [ "${1:-all}" = table ]; then
+  TRITON_INTERPRET=0 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
+  say "the trained fixture: quantlab against gptq_torch"
+  timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
+  cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
+  timeout 150 python3 scripts/bench_w4a16.py --out /tmp/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
+  cp /tmp/ktable/bench_w4a16.* "$OUT/" 2>/dev/null
+  say "waiting for Marlin's build"; wait $MARLIN; tail -1 /tmp/marlin_build.log
+  if [ -f /tmp/ktable/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 10 )) python3 scripts/bench_w4a16.py --out /tmp/ktable2 --marlin-into /tmp/ktable/bench_w4a16.json \
+      2>&1 | grep -v "^INFO\|gc.collect" | tail -30
+    cp /tmp/ktable2/bench_w4a16.* "$OUT/" 2>/dev/null
+  fi
+  say "done"; exit 0
+fi
+if [ "${1:-all}" = sweep ]; then
+  TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
+  timeout 330 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
+    --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
+  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null
+  say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
+  if [ -f /tmp/ksweep/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 15 )) python3 scripts/bench_w4a16.py --out /tmp/ksweep2 --marlin-into /tmp/ksweep/bench_w4a16.json \
+      --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -20
+    cp /tmp/ksweep2/bench_w4a16.* "$OUT/" 2>/dev/null
+  fi
+  say "done"; exit 0
+fi
 
 say "tests, compiled"
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -5

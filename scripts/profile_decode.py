@@ -1,6 +1,7 @@
 """Where a compiled decode step's time goes, BF16 against Int4 (one GPTQ kernel), by torch's profiler.
 
     python scripts/profile_decode.py --golden DIR --int4 DIR --gptq-backend quantlab --out DIR [--batch 16]
+        [--attention sdpa sdpa_grouped] [--lm-eval-stops]
 
 Each model is loaded as the labs load it (utils.models.load_model), then `generate` runs greedy from a
 batch of random prompts of --prompt tokens with a static cache of --cache tokens, so transformers
@@ -9,6 +10,12 @@ ms per decode step from the wall clock ((t(long) - t(short)) / extra steps, the 
 then the profiler over a short and a long generate: per kernel name, GPU time per decode step (long minus
 short, over the extra steps), grouped as linear layers (the W4A16 kernel, cuBLAS GEMMs), attention,
 other kernels, and the GPU's idle time within the step (wall minus kernels: the host, launches, syncs).
+--attention names the attention each model runs under, one profile per name (the model is loaded once and
+its decode step compiled again for each): "sdpa" is transformers' own, which copies the cache's K/V out to
+every query head; "sdpa_grouped" (the default; utils.attention) reads each K/V head once, as Lab 03's
+compiled decode does. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
+for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-step host cost: the criteria
+decode the last tokens of every row on the host, every step). Needs the models' tokenizers.
 Writes profile_decode.md and profile_decode.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -36,13 +43,65 @@ def group_of(name: str) -> str:
     return next(g for g, keys in GROUPS if any(k in low for k in keys))
 
 
-def generate(model, ids, new, cache):
+ATTENTIONS = ("sdpa", "sdpa_grouped")
+
+
+def lm_eval_stops(tokenizer, ids):
+    """lm-eval's stopping criteria for a batch of prompts `ids`, as HFLM._model_generate builds them for
+    gsm8k: the task's `until` plus the tokenizer's EOS text (HFLM.generate_until), one criterion each,
+    looking at the tokens after the prompt, for ids.shape[0] rows. Stateful: one per generate call."""
+    from lm_eval.models.utils import handle_stop_sequences
+    from lm_eval.models.utils_hf import stop_sequences_criteria
+
+    from utils.eval_endpoint import task_stop_sequences
+
+    eos = tokenizer.decode(tokenizer.eos_token_id, skip_special_tokens=False)
+    until = handle_stop_sequences(list(task_stop_sequences()), eos=eos)
+    return stop_sequences_criteria(tokenizer, until, ids.shape[1], ids.shape[0])
+
+
+def ms_per_step(t_long: float, steps_long: int, t_short: float, steps_short: int) -> float:
+    """Wall ms per decode step from a long and a short generate of the same prompts: the prefill cancels.
+    Counts the steps each call really made (a stop sequence could end one early)."""
+    if steps_long <= steps_short:
+        raise ValueError(f"the long generate made {steps_long} steps, the short one {steps_short}: "
+                         f"no decode steps between them to time")
+    return 1e3 * (t_long - t_short) / (steps_long - steps_short)
+
+
+def set_attention(model, name: str) -> str:
+    """Switch the model to attention `name` and drop its compiled decode step, so the next generate
+    compiles one that runs it."""
+    from utils.attention import use_grouped_attention
+
+    if name == "sdpa_grouped":
+        use_grouped_attention(model)
+    else:
+        model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
+        raise SystemExit(f"--attention: the model kept {model.config._attn_implementation!r} when asked for {name!r}")
+    if hasattr(model, "_compiled_call"):
+        del model._compiled_call
+    torch._dynamo.reset()
+    return name
+
+
+def generate(model, ids, new, cache, stops=None):
+    """Seconds and decode steps of one greedy generate of `new` tokens (fewer if lm-eval's stops end it)."""
     cache.reset()
     t0 = time.perf_counter()
-    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                   do_sample=False, past_key_values=cache, pad_token_id=0)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False, past_key_values=cache, pad_token_id=0,
+                         stopping_criteria=stops(ids) if stops else None)
     torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, int(out.shape[1]) - int(ids.shape[1])
+
+
+def wall_ms(model, ids, cache, short, long, stops=None) -> float:
+    """The median of three (long minus short) measurements of ms per decode step."""
+    walls = [ms_per_step(*generate(model, ids, long, cache, stops), *generate(model, ids, short, cache, stops))
+             for _ in range(3)]
+    return sorted(walls)[1]
 
 
 def kernel_us(model, ids, new, cache) -> dict:
@@ -58,39 +117,48 @@ def kernel_us(model, ids, new, cache) -> dict:
     return out
 
 
-def profile_model(path, backend, batch, prompt, cache_len, short, long) -> dict:
-    from transformers import StaticCache
+def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool) -> list[dict]:
+    """One profile of the model at `path` per attention in `attentions`."""
+    from transformers import AutoTokenizer, StaticCache
 
     from utils.decode import _allow_compile
     from utils.models import load_model
 
     model = load_model(path, "cuda", backend=backend)
     _allow_compile(model)
+    tok = AutoTokenizer.from_pretrained(str(path)) if stops else None
     vocab = model.config.vocab_size
     ids = torch.randint(100, vocab - 100, (batch, prompt), generator=torch.Generator().manual_seed(0)).cuda()
-    cache = StaticCache(config=model.config, max_cache_len=cache_len)
-    first = generate(model, ids, short, cache)                      # compiles
-    generate(model, ids, short, cache)
-    walls = [(generate(model, ids, long, cache) - generate(model, ids, short, cache)) / (long - short)
-             for _ in range(3)]
-    ms = sorted(walls)[1] * 1e3
-    a, b = kernel_us(model, ids, short, cache), kernel_us(model, ids, long, cache)
-    per_step = {n: ((b[n][0] - a.get(n, [0, 0])[0]) / (long - short), (b[n][1] - a.get(n, [0, 0])[1]) / (long - short))
-                for n in b}
-    groups = defaultdict(float)
-    for n, (us, _) in per_step.items():
-        groups[group_of(n)] += us
-    busy = sum(groups.values()) / 1e3
-    res = {"model": str(path), "gptq_backend": backend, "first_generate_s": first, "ms_per_step": ms,
-           "kernel_ms_per_step": busy, "idle_ms_per_step": ms - busy,
-           "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
-           "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
-           "layers": sorted({type(m).__name__ for m in model.modules() if hasattr(m, "qweight")})}
-    del model, cache
+    layers = sorted({type(m).__name__ for m in model.modules() if hasattr(m, "qweight")})
+    runs = []
+    for attention in attentions:
+        set_attention(model, attention)
+        cache = StaticCache(config=model.config, max_cache_len=cache_len)
+        first, _ = generate(model, ids, short, cache)                      # compiles
+        generate(model, ids, short, cache)
+        ms = wall_ms(model, ids, cache, short, long)
+        a, b = kernel_us(model, ids, short, cache), kernel_us(model, ids, long, cache)
+        per_step = {n: ((b[n][0] - a.get(n, [0, 0])[0]) / (long - short),
+                        (b[n][1] - a.get(n, [0, 0])[1]) / (long - short)) for n in b}
+        groups = defaultdict(float)
+        for n, (us, _) in per_step.items():
+            groups[group_of(n)] += us
+        busy = sum(groups.values()) / 1e3
+        res = {"model": str(path), "gptq_backend": backend, "attention": attention, "first_generate_s": first,
+               "ms_per_step": ms, "kernel_ms_per_step": busy, "idle_ms_per_step": ms - busy,
+               "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
+               "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
+               "layers": layers}
+        if tok is not None:
+            with_stops = wall_ms(model, ids, cache, short, long, lambda x: lm_eval_stops(tok, x))
+            res.update(ms_per_step_lm_eval_stops=with_stops, lm_eval_stops_ms_per_step=with_stops - ms)
+        runs.append(res)
+        del cache
+    del model
     gc.collect()
     torch.cuda.empty_cache()
     torch._dynamo.reset()
-    return res
+    return runs
 
 
 def main(argv=None) -> int:
@@ -103,20 +171,28 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=int, default=2048)
     ap.add_argument("--short", type=int, default=8)
     ap.add_argument("--long", type=int, default=40)
+    ap.add_argument("--attention", nargs="+", choices=ATTENTIONS, default=["sdpa_grouped"],
+                    help="the attention(s) to profile each model under (default: sdpa_grouped)")
+    ap.add_argument("--lm-eval-stops", action="store_true",
+                    help="also time each step with lm-eval's gsm8k stopping criteria passed to generate")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("profile_decode: torch sees no GPU here; run it on the GPU machine")
+    if len(set(args.attention)) != len(args.attention):
+        raise SystemExit(f"--attention: {args.attention} names one twice")
     if not 0 < args.short < args.long or args.prompt + args.long > args.cache:
         raise SystemExit(f"--short/--long/--prompt/--cache: need 0 < short < long and prompt + long <= cache, got "
                          f"{args.short}, {args.long}, {args.prompt}, {args.cache}")
     if (args.out / "profile_decode.json").exists():
         raise SystemExit(f"--out: {args.out} already holds profile_decode.json; pass a new folder")
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_decode: torch sees no GPU here; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
     for path, backend in ((args.golden, None), (args.int4, args.gptq_backend)):
-        runs.append(profile_model(path, backend or "auto", args.batch, args.prompt, args.cache, args.short, args.long))
-        print(json.dumps({k: v for k, v in runs[-1].items() if k != "kernels"}), flush=True)
+        runs += profile_model(path, backend or "auto", args.attention, args.batch, args.prompt, args.cache,
+                              args.short, args.long, args.lm_eval_stops)
+        for r in runs[-len(args.attention):]:
+            print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": args.batch,
                 "prompt": args.prompt, "cache": args.cache, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "command": "python scripts/profile_decode.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -127,19 +203,25 @@ def main(argv=None) -> int:
 
 
 def markdown(meta, runs) -> str:
+    stops = any("ms_per_step_lm_eval_stops" in r for r in runs)
+    extra = ["ms per step with lm-eval's stops (wall)", "lm-eval's stop check ms"] if stops else []
     out = [f"# A compiled decode step, split by torch's profiler, on {meta['device']} ({meta['date']})", "",
            f"torch {meta['torch']}; batch {meta['batch']}, random prompts of {meta['prompt']} tokens, static cache "
            f"{meta['cache']}, greedy. Command: `{meta['command']}`.", "",
-           "| model | GPTQ layers | ms per step (wall) | kernels ms | idle ms | " + " | ".join(g for g, _ in GROUPS) + " |",
-           "|" + "---|" * (5 + len(GROUPS))]
+           "| model | attention | GPTQ layers | ms per step (wall) | " + "".join(f"{e} | " for e in extra)
+           + "kernels ms | idle ms | " + " | ".join(g for g, _ in GROUPS) + " |",
+           "|" + "---|" * (6 + len(extra) + len(GROUPS))]
     for r in runs:
         g = r["groups_ms_per_step"]
-        out.append(f"| {Path(r['model']).name} | {', '.join(r['layers']) or '-'} | {r['ms_per_step']:.2f} "
-                   f"| {r['kernel_ms_per_step']:.2f} | {r['idle_ms_per_step']:.2f} | "
+        cells = [f"{r[k]:.2f}" if r.get(k) is not None else "-"
+                 for k in ("ms_per_step_lm_eval_stops", "lm_eval_stops_ms_per_step")] if stops else []
+        out.append(f"| {Path(r['model']).name} | {r.get('attention', 'sdpa')} | {', '.join(r['layers']) or '-'} "
+                   f"| {r['ms_per_step']:.2f} | " + "".join(f"{c} | " for c in cells)
+                   + f"{r['kernel_ms_per_step']:.2f} | {r['idle_ms_per_step']:.2f} | "
                    + " | ".join(f"{g.get(k, 0.0):.2f}" for k, _ in GROUPS) + " |")
     for r in runs:
-        out += ["", f"Top kernels per decode step, {Path(r['model']).name}:", "", "| kernel | us per step | launches per step |",
-                "|---|---|---|"]
+        out += ["", f"Top kernels per decode step, {Path(r['model']).name}, attention {r.get('attention', 'sdpa')}:",
+                "", "| kernel | us per step | launches per step |", "|---|---|---|"]
         out += [f"| `{n[:90]}` | {us:.1f} | {c:.1f} |" for n, us, c in r["kernels"][:25]]
     return "\n".join(out) + "\n"
 

@@ -149,16 +149,24 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
     record("kernel", "w4a16_matmul on a CPU without Triton's interpreter", str(e.value))
 
 
-@pytest.mark.parametrize("K,N,split,stages", [(3584, 3584, 14, 2), (3584, 512, 28, 2), (3584, 18944, 4, 4),
-                                              (18944, 3584, 19, 4)])
-def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, stages):
-    # the GPU rule (132 SMs): ~8 programs per SM over whole K steps, the deep pipeline from 4 steps a program,
-    # the same tile for every M (a batch changes no summation order)
+@pytest.mark.parametrize("K,N,split", [(3584, 3584, 14), (3584, 512, 28), (3584, 18944, 4), (18944, 3584, 19)])
+def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
+    # the GPU rule (132 SMs): ~8 programs per SM over whole K steps, a 3-deep pipeline, the same tile for
+    # every M (a batch changes no summation order); fp16 scales without act-order unpack in PTX
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    tiles = {w4a16.w4a16_default_tile(m, K, N, 128, 132) for m in (1, 5, 16)}
-    assert tiles == {w4a16.W4A16Tile(64, 128, split, 4, stages)}
+    unpack = w4a16.w4a16_default_unpack(torch.float16, act_order=False)
+    tiles = {w4a16.w4a16_default_tile(m, K, N, 128, 132, unpack) for m in (1, 5, 16)}
+    assert unpack == "ptx" and tiles == {w4a16.W4A16Tile(64, 128, split, 4, 3, "ptx")}
     steps, per = K // 128, -(-K // 128 // split)
     assert (split - 1) * per < steps <= split * per                 # no program without a K step
+
+
+def test_default_unpack_follows_the_scales_and_act_order(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert w4a16.w4a16_default_unpack(torch.bfloat16, act_order=False) == "join"
+    assert w4a16.w4a16_default_unpack(torch.float16, act_order=True) == "reshape"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")                # the interpreter runs no PTX
+    assert w4a16.w4a16_default_unpack(torch.float16, act_order=False) == "join"
 
 
 def test_block_k_divides_k_and_the_group():
@@ -170,8 +178,31 @@ def test_block_k_divides_k_and_the_group():
 def test_both_unpackings_give_the_same_bits(act_order):
     t, w = layer(K=256, group=64, sym=False, act_order=act_order, bias=True, seed=11)
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    reshaped = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=False))
-    by_rows = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, rows=True))
+    reshaped = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, unpack="reshape"))
+    by_rows = call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 2, 1, 1, unpack="rows"))
     assert torch.equal(reshaped, by_rows)
     ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
     assert metrics.relative_l2(by_rows.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 256)
+
+
+@pytest.mark.parametrize("unpack", ["reshape", "rows", "join"] + ([] if kernels.interpreted() else ["ptx"]))
+@pytest.mark.parametrize("M,sym,fmt,bias", [(1, True, 1, False), (16, False, 1, True), (5, False, 2, False)])
+def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias):
+    t, w = layer(K=512, N=128, group=128, sym=sym, fmt=fmt, bias=bias, zero_heavy=not sym, seed=M)
+    x = torch.randn(M, 512, generator=torch.Generator().manual_seed(M)).to(DEVICE, torch.float16)
+    tile = w4a16.W4A16Tile(block_n=64, block_k=128, split_k=2, num_warps=4, unpack=unpack)
+    y = call(x, t, 128, fmt, tile=tile)
+    ref = x.cpu().double() @ w.double() + (0 if t["bias"] is None else t["bias"].cpu().double())
+    assert metrics.relative_l2(y.cpu(), ref) <= gptq.kernel_tolerance("QuantlabLinear", torch.float16, torch.float16, 512)
+    base = call(x, t, 128, fmt, tile=w4a16.W4A16Tile(64, 128, 2, 4, unpack="reshape"))
+    # same dequantized weights, another operand order: at most a rounding of the fp16 output apart
+    assert torch.allclose(y.float(), base.float(), rtol=2e-3, atol=1e-3)
+
+
+def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
+    t, _ = layer(act_order=True, seed=6)
+    x = torch.randn(2, 256).to(DEVICE, torch.float16)
+    with pytest.raises(ValueError, match="tile.unpack='join' reads one group per tile"):
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="join"))
+    with pytest.raises(ValueError, match="tile.unpack must be one of"):
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="nibbles"))

@@ -61,12 +61,13 @@ class Launch:
         self.fn, self.grid, self.consts, self.options = fn, grid, consts, options
         self.runner = None
         self.tail = None
+        self.compiled = None          # Triton's compiled kernel (registers, spills, PTX/SASS), once launched
 
     def __call__(self, args: tuple, aligned: bool) -> None:
         if self.runner is not None and aligned:
             self.runner(*args, *self.tail)
             return
-        compiled = self.fn[self.grid](*args, **self.consts, **self.options)
+        compiled = self.compiled = self.fn[self.grid](*args, **self.consts, **self.options)
         if aligned and not interpreted() and hasattr(compiled, "__getitem__"):
             names = self.fn.arg_names[len(args):]
             self.tail = tuple(self.consts[n] for n in names)

@@ -32,13 +32,18 @@ ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus
 class W4A16Tile:
     """The launch shape: columns per program, K rows per step, split-K, warps, and the loop's pipeline depth
     (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
-    codes are unpacked (rows: each word loaded once per row it feeds; False: loaded once, then a reshape)."""
+    codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
+    once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
+    in its thread, in Triton or in PTX)."""
     block_n: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int = 2
-    rows: bool = False
+    unpack: str = "reshape"
+
+
+UNPACKS = ("reshape", "rows", "join", "ptx")    # the kernel's UNPACK 0..3
 
 
 def w4a16_block_k(K: int, group_size: int) -> int:
@@ -51,25 +56,32 @@ def w4a16_block_k(K: int, group_size: int) -> int:
 
 
 PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per SM (docs/kernels.md)
-DEEP_STAGES_FROM = 4          # K steps per program from which the loop keeps 4 steps' loads in flight, not 2
 
 
-def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int) -> W4A16Tile:
-    """The tile a call gets unless told otherwise: 64 columns on 4 warps; the split-K that gives about
-    PROGRAMS_PER_SM programs per SM, each over whole K steps; a 4-deep load pipeline when a program has
-    DEEP_STAGES_FROM steps or more, else 2. Chosen from a cold sweep on the H100 at Qwen2.5-7B's shapes, M = 1
-    and 16 (docs/kernels.md); the same rule for every M up to 16, so a batch changes no summation order.
+def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool) -> str:
+    """The unpacking a call gets: the weight as the first operand, unpacked in PTX (fp16 scales) or in Triton
+    (other scales, or under the interpreter, which runs no PTX); act-order's per-row groups: 'reshape'."""
+    if act_order:
+        return "reshape"
+    return "ptx" if scales_dtype == torch.float16 and not interpreted() else "join"
+
+
+def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack: str = "ptx") -> W4A16Tile:
+    """The tile a call gets unless told otherwise: 64 columns on 4 warps (one warpgroup); the split-K that
+    gives about PROGRAMS_PER_SM programs per SM, each over whole K steps; a 3-deep load pipeline (4 for
+    'reshape'). Chosen from cold sweeps on the H100 at Qwen2.5-7B's shapes, M = 1 and 16 (docs/kernels.md);
+    the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element)."""
     block_k = w4a16_block_k(K, group_size)
     if interpreted():             # numpy's cost is per program and step: few, wide programs
-        return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1)
+        return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
     block_n = 64
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
     split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
-    return W4A16Tile(block_n, block_k, split, 4, 4 if per >= DEEP_STAGES_FROM else 2)
+    return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
 class W4A16Plan:
@@ -81,7 +93,7 @@ class W4A16Plan:
         self.act_order, self.has_bias = act_order, has_bias
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                      SPLIT_K=tile.split_k, PRECISION=precision, ROWS=tile.rows)
+                      SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack))
         self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
@@ -153,9 +165,16 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
         M = x2.shape[0]
         if tile is None:
-            tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"])
+            tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"],
+                                      w4a16_default_unpack(scales.dtype, g_idx is not None))
         require(K % tile.block_k == 0 and group_size % tile.block_k == 0 and tile.block_k >= 16,
                f"tile.block_k must be >= 16 and divide K={K} and group_size={group_size}, got {tile.block_k}")
+        require(tile.unpack in UNPACKS, f"tile.unpack must be one of {UNPACKS}, got {tile.unpack!r}")
+        require(tile.unpack in ("reshape", "rows") or g_idx is None,
+               f"tile.unpack={tile.unpack!r} reads one group per tile; act-order (g_idx) needs 'reshape' or 'rows'")
+        require(tile.unpack != "ptx" or (scales.dtype == torch.float16 and not interpreted()),
+               f"tile.unpack='ptx' needs float16 scales and a GPU (got {scales.dtype}"
+               f"{', the interpreter' if interpreted() else ''}): use 'join'")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None)
         cache.gemv_plans[key] = plan

@@ -52,12 +52,73 @@ def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.cons
 
 
 @triton.jit
+def _code(q, shift: tl.constexpr, zf, s):
+    """Code (q >> shift) & 0xF of each word, dequantized: (1024 + n) - (1024 + z), exact, times s."""
+    return ((((q >> shift) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - zf).to(s.dtype) * s
+
+
+@triton.jit
+def _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ZP_ADD: tl.constexpr, ASM: tl.constexpr):
+    """The same tile transposed, [BLOCK_N, BLOCK_K], for one group per tile (no act-order). Each thread
+    unpacks whole words: code j of a word becomes element 8w + j through joins, which keep the eight codes
+    in the thread that loaded the word (no shuffle through shared memory). ASM (fp16 scales): two codes per
+    32-bit instruction (lop3 into fp16x2 magic numbers, then sub.f16x2 and mul.f16x2: the same single rounding)."""
+    rw = kb * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)
+    q = tl.load(qw_ptr + rn[:, None] + rw[None, :] * N, mask=nmask[:, None], other=0, eviction_policy="evict_first")
+    g = (kb * BLOCK_K) // GROUP
+    zw = tl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)
+    z = (((zw + ZP_ADD) >> ((rn % 8) * 4)) & 0xF) | 0x6400                   # 1024 + z as fp16 bits
+    s = tl.load(s_ptr + g * N + rn, mask=nmask, other=0.0)
+    if ASM:
+        zz = (z | (z << 16))[:, None]
+        sb = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        ss = (sb | (sb << 16))[:, None]
+        w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, b, c, d, t;
+            lop3.b32 a, $8, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $8, 4;
+            lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $8, 8;
+            lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 t, $8, 12;
+            lop3.b32 d, t, 0x000F000F, 0x64006400, 0xEA;
+            sub.rn.f16x2 a, a, $9;
+            sub.rn.f16x2 b, b, $9;
+            sub.rn.f16x2 c, c, $9;
+            sub.rn.f16x2 d, d, $9;
+            mul.rn.f16x2 a, a, $10;
+            mul.rn.f16x2 b, b, $10;
+            mul.rn.f16x2 c, c, $10;
+            mul.rn.f16x2 d, d, $10;
+            mov.b32 {$0, $4}, a;
+            mov.b32 {$1, $5}, b;
+            mov.b32 {$2, $6}, c;
+            mov.b32 {$3, $7}, d;
+            }""",
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [q, zz, ss], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
+    else:
+        zf = z.to(tl.int16).to(tl.float16, bitcast=True)[:, None]
+        w0, w1 = _code(q, 0, zf, s[:, None]), _code(q, 4, zf, s[:, None])
+        w2, w3 = _code(q, 8, zf, s[:, None]), _code(q, 12, zf, s[:, None])
+        w4, w5 = _code(q, 16, zf, s[:, None]), _code(q, 20, zf, s[:, None])
+        w6, w7 = _code(q, 24, zf, s[:, None]), _code(q, 28, zf, s[:, None])
+    # a join appends a trailing axis of 2; nested three deep, flat index 4a + 2b + c reads the innermost pair's
+    # a-th, the middle's b-th, the outer's c-th: so code j sits at bit-reversed nesting
+    w = tl.join(tl.join(tl.join(w0, w4), tl.join(w2, w6)), tl.join(tl.join(w1, w5), tl.join(w3, w7)))
+    return tl.reshape(w, (q.shape[0], BLOCK_K))
+
+
+@triton.jit
 def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
                   GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr, ROWS: tl.constexpr):
+                  PRECISION: tl.constexpr, UNPACK: tl.constexpr):
     """One column block (program_id 0) over one range of K blocks (program_id 1). SPLIT_K == 1: y written
-    here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N]."""
+    here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N].
+    UNPACK 0 / 1: x [M, K] @ W tile (the weight the second operand; 1 loads each word once per row it feeds);
+    2 / 3: (W tile)^T @ x^T, the weight the first operand, unpacked by _dequant_tile_t (3: through PTX)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
@@ -67,12 +128,23 @@ def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M,
     per = tl.cdiv(nkb, SPLIT_K)
     first = pid_k * per
     last = tl.minimum(first + per, nkb)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     rk = tl.arange(0, BLOCK_K)
-    for kb in range(first, last):
-        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER, ROWS)
-        xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * BLOCK_K + rk)[None, :], mask=mmask[:, None], other=0.0)
-        acc = tl.dot(xt, w.to(xt.dtype), acc, input_precision=PRECISION)
+    if UNPACK >= 2:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kb in range(first, last):
+            w = _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, UNPACK == 3)
+            xt = tl.load(x_ptr + rm[None, :] * stride_xm + (kb * BLOCK_K + rk)[:, None], mask=mmask[None, :],
+                         other=0.0)
+            acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=PRECISION)
+        acc = tl.trans(acc)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(first, last):
+            w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, ACT_ORDER,
+                              UNPACK == 1)
+            xt = tl.load(x_ptr + rm[:, None] * stride_xm + (kb * BLOCK_K + rk)[None, :], mask=mmask[:, None],
+                         other=0.0)
+            acc = tl.dot(xt, w.to(xt.dtype), acc, input_precision=PRECISION)
     omask = mmask[:, None] & nmask[None, :]
     if SPLIT_K == 1:
         if HAS_BIAS:

@@ -1,0 +1,98 @@
+"""What the W4A16 kernel's main loop executes on a Hopper GPU, read from its machine code, without a GPU.
+
+    python scripts/w4a16_sass.py [--unpack reshape join ptx] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
+
+Triton compiles a kernel for a target it is told (here sm_90, the H100/H200) with its own bundled ptxas, and
+its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
+(one 64 x 128 weight tile per program and step), counted by kind: the tensor-core products (HGMMA: wgmma,
+HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
+unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
+BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
+box's: its code can differ in detail. --out: the SASS and a table (sass_<unpack>.txt, w4a16_sass.md).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KINDS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDS", "LDSM", "STS", "BAR", "LOP3", "SHF", "PRMT", "HADD2", "HMUL2",
+         "IMAD", "LEA")
+OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
+
+
+def compile_sass(unpack: str, block_n: int, warps: int, stages: int) -> str:
+    """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from utils.kernels.w4a16 import UNPACKS, V1_ZERO_WORD
+    from utils.kernels.w4a16_kernels import w4a16_kernel
+
+    sig = {"x_ptr": "*fp16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
+           "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "K": "i32", "N": "i32",
+           "stride_xm": "i32"}
+    consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
+                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack))
+    sig.update({k: "constexpr" for k in consts})
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}
+    k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
+    nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        return subprocess.run([str(nvdisasm), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+
+
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the longest backward branch's body: the K loop."""
+    lines = sass.splitlines()
+    labels = {ln.strip()[:-1]: i for i, ln in enumerate(lines) if ln.strip().startswith(".L_") and ln.strip().endswith(":")}
+    best = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > len(best):
+            best = lines[labels[m.group(1)]:i + 1]
+    return [OP.search(ln).group(1) for ln in best if OP.search(ln)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--unpack", nargs="+", default=["reshape", "join", "ptx"])
+    ap.add_argument("--block-n", type=int, default=64)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    os.environ["TRITON_INTERPRET"] = "0"
+    per_thread = args.block_n * 128 // (32 * args.warps)
+    rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
+            "|" + "---|" * (3 + len(KINDS))]
+    for unpack in args.unpack:
+        sass = compile_sass(unpack, args.block_n, args.warps, args.stages)
+        ops = loop_body(sass)
+        n = collections.Counter(ops)
+        rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"sass_{unpack}.txt").write_text(sass)
+    import triton
+    text = (f"W4A16 kernel's K loop on sm_90 (Triton {triton.__version__}, compiled here): tile {args.block_n} x 128, "
+            f"{args.warps} warps, {args.stages} stages, {per_thread} weights per thread and step.\n\n" + "\n".join(rows) + "\n")
+    if args.out:
+        (args.out / "w4a16_sass.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
