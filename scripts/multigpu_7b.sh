@@ -98,7 +98,7 @@ for part in $PARTS; do
     7b-full)   # the budget the bench plans with leaves room for its comparison, md and this script's tar
       need_real 7b-full && build 7b --shape 7b --bf16-only &&
         bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
-          --max-length 2048 --warmup 40 --budget-s $(( $(left) - 45 )) --target-speedup 1.8 --name 7b-full || status=$?
+          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --target-speedup 1.8 --name 7b-full || status=$?
       du -sh "$W/inductor" "$W/triton" 2>/dev/null | tee -a "$OUT/multigpu.log" ;;
     int4-shard)   # whether GPTQModel/transformers split a GPTQ checkpoint over the cards: a few problems show it
       need_real int4-shard && build "$INT4_SHAPE-int4" --shape "$INT4_SHAPE" --int4-only &&

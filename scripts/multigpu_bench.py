@@ -3,7 +3,7 @@ model sharded over the cards under the profile's memory cap. Every run is Lab 03
 (utils.eval_parallel: accelerate launch workers; utils.evaluation: lm-eval's gsm8k task).
 
     python scripts/multigpu_bench.py full --model M --data D --limit 0 --batch 16 --gpus 2 --decode compiled \\
-        --max-length 2048 --warmup 40 --budget-s 450 --name 7b-full --out OUT   # every problem, 1 and N GPUs
+        --max-length 2048 --warmup 32 --budget-s 450 --name 7b-full --out OUT   # every problem, 1 and N GPUs
     python scripts/multigpu_bench.py compare --model M --data D --limit 256 --batch 16 --gpus 2 \\
         --invariant-limit 64 --name fixture --out OUT       # 1 vs N GPUs at batch 16, and at batch 1
     python scripts/multigpu_bench.py shard --model M14 --data D --limit 16 --batch 16 --name 14b --out OUT
@@ -34,10 +34,10 @@ from utils.eval_settings import EvalSettings  # noqa: E402
 from utils.gsm_synth import read_gsm8k  # noqa: E402
 from utils.results import atomic_write_json, atomic_write_text  # noqa: E402
 
-MARGIN_S = 20               # kept free after the last launch: comparison, md, json
+MARGIN_S = 10               # kept free after the last launch: comparison, md, json
 WARM_COMPILE_FRACTION = 0.5  # planning: a compile from warm caches costs at most this share of the cold one
 CALL_SAFETY = 1.05          # planning: the warm-up's calls saw 2 batches' prompts, the run sees them all
-OVERRUN_S = 15              # a launch may run this far past --budget-s before it is stopped (md still written)
+OVERRUN_S = 8               # a launch may run this far past --budget-s before it is stopped (md still written)
 PHASES = ("start: launch to the worker's own code (interpreter, accelerate's launcher, imports); init: process "
           "group and GPU cap; load: model and tokenizer; first call: the first generate call (prefill, and a "
           "compiled decode's trace, compile and CUDA-graph capture); lm-eval: its task, prompts, scoring, "
@@ -58,17 +58,21 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
     call that runs to max_gen_toks as a random model's does; CALL_SAFETY more); the first call's compile, from
     warm caches (WARM_COMPILE_FRACTION of the warm-up's); and, for a launch whose last batch is smaller, what the
     warm-up's smaller last call cost beyond a full one (a new shape compiles again, cold: no launch has the same
-    one; without such a call, the whole cold compile).
+    one; without such a call, none where the recorder pads a smaller batch, else the whole cold compile).
     Below the target the limit is a multiple of batch x gpus (no smaller last batch)."""
     w = warm["parallel"]["workers"][0]
-    calls = (w.get("decode") or {}).get("per_call") or []
+    dec = w.get("decode") or {}
+    calls = dec.get("per_call") or []
     fixed = warm["parallel"]["wall_seconds"] - w["throughput"]["seconds"]
     per_step = [c["seconds"] / c["steps"] for c in calls[1:] if c.get("batch") == batch and c.get("steps")]
     if per_step and calls:
         call = statistics.median(per_step) * max_gen_toks
         cold = max(calls[0]["seconds"] - call, 0)
         compile_s = WARM_COMPILE_FRACTION * cold
-        last_s = max(calls[-1]["seconds"] - call, 0) if warm["n"] % batch and len(calls) > 2 else cold
+        if warm["n"] % batch and len(calls) > 2:          # measured: padded to a full call, or compiled again
+            last_s = max(calls[-1]["seconds"] - call, 0)
+        else:
+            last_s = 0.0 if dec.get("pads_smaller_batches") else cold
     else:                       # one call only: it is the rate (compile included), nothing added
         call = calls[0]["seconds"] if calls else w["throughput"]["seconds"]
         compile_s = last_s = 0.0
@@ -100,7 +104,8 @@ def _launch_summary(run: dict) -> dict:
 
 
 def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
-    deadline = time.monotonic() + args.budget_s
+    left = args.budget_s if args.deadline is None else args.deadline - time.time()
+    deadline = time.monotonic() + left
     total = len(read_gsm8k(data["test"]))
     target = total if args.limit == 0 else min(args.limit, total)
     s = settings.replace(batch_size=args.batch)
@@ -234,9 +239,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--invariant-limit", type=int, default=0, help="compare: problems re-run at batch size 1 (0: none)")
-    ap.add_argument("--warmup", type=int, default=40, help="full: problems of the warm-up launch (2 full batches "
-                    "and a smaller one: the rates full plans with)")
+    ap.add_argument("--warmup", type=int, default=32, help="full: problems of the warm-up launch (at least 2 "
+                    "batches: the rates full plans with; a smaller last one measures its cost)")
     ap.add_argument("--budget-s", type=float, default=450, help="full: seconds for the warm-up and both launches")
+    ap.add_argument("--deadline", type=float, default=None, help="full: instead of --budget-s, the epoch second "
+                    "by which they must be done (the caller's clock: this script's imports count)")
     ap.add_argument("--target-speedup", type=float, default=None, help="full: the wall speed-up the md checks")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--decode", default="eager", choices=("eager", "compiled"))

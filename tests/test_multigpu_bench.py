@@ -4,6 +4,7 @@ kept as the finding (the GPU runs are the device machine's job: scripts/multigpu
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,13 @@ def test_nothing_runs_when_not_even_one_round_fits_and_it_says_why():
     assert p["limit"] is None and "even 32 problems" in p["why"] and "60 s left" in p["why"]
 
 
-def test_without_a_smaller_warm_up_batch_its_compile_counts_cold():
-    p = bench.plan_limit(_warm(calls=((16, 30.0), (16, 2.56)), n=32), target=1319, gpus=2, batch=16,
-                         max_gen_toks=256, seconds=1000)
+def test_without_a_smaller_warm_up_batch_its_compile_counts_cold_unless_the_recorder_pads():
+    warm = _warm(calls=((16, 30.0), (16, 2.56)), n=32)
+    p = bench.plan_limit(warm, target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
     assert p["smaller_last_batch_s"] == pytest.approx(30 - 2.56)
+    warm["parallel"]["workers"][0]["decode"]["pads_smaller_batches"] = True
+    p = bench.plan_limit(warm, target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
+    assert p["smaller_last_batch_s"] == 0.0 and p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.688)
 
 
 def test_without_a_steady_call_the_first_one_is_the_rate():
@@ -83,12 +87,14 @@ def test_the_md_claims_the_whole_test_set_only_when_it_ran(ran, target, says, ne
 def test_a_full_part_on_two_cpu_processes_writes_a_kept_run(tmp_path, monkeypatch):
     monkeypatch.setenv("MULTIGPU_CALL", "run(kind='nvidia-h100-x2', command='bash scripts/multigpu_7b.sh')")
     args = ["full", "--model", str(FIXTURE / "bf16"), "--data", str(FIXTURE / "data"), "--limit", "8", "--batch", "2",
-            "--gpus", "2", "--warmup", "4", "--budget-s", "900", "--max-gen-toks", "12", "--device", "cpu",
+            "--gpus", "2", "--warmup", "4", "--deadline", str(time.time() + 900), "--max-gen-toks", "12",
+            "--device", "cpu",
             "--target-speedup", "1.8", "--name", "t", "--out", str(tmp_path)]
     assert bench.main(args) == 0
     run = json.loads((tmp_path / "t.json").read_text())
     d = run["detail"]
     assert d["ran"] == 8 and d["plan"]["limit"] == 8 and d["warmup"]["n"] == 4 and not d["failed"]
+    assert 700 < d["plan"]["seconds"] < 900                              # the deadline, less the warm-up
     assert [r["GPUs"] for r in run["rows"]] == [1, 2] and [r["problems"] for r in run["rows"]] == [8, 8]
     assert "speed-up, wall" in run["rows"][1] and d["compare"]["n"] == 8
     intro, phases = d["tables"]["Where each launch's wall time went, per rank (s)"]
