@@ -104,6 +104,8 @@ def _launch_summary(run: dict) -> dict:
 
 
 def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
+    """Warm-up, plan, then the same problems on 1 and on N GPUs, each launched the same way so that their wall
+    times compare; a launch that fails or runs out of time is recorded, and no speed-up is claimed without both."""
     left = args.budget_s if args.deadline is None else args.deadline - time.time()
     deadline = time.monotonic() + left
     total = len(read_gsm8k(data["test"]))
