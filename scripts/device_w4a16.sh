@@ -17,7 +17,8 @@
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
-# LAB03_LIMIT problems, default 64), then the decode profile under both attentions with lm-eval's stops (~9 minutes).
+# LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s), then (unless PROFILE=0) the decode profile under both
+# attentions with lm-eval's stops (~9 minutes).
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
 T0=$(date +%s)
@@ -56,11 +57,12 @@ if [ "${1:-all}" = model ]; then
   say "building the 7B-shaped pair"
   timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
   say "Lab 03 settings (${LAB03_LIMIT:-64} problems)"
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT 200 \
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-200}" \
     python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
     --limit "${LAB03_LIMIT:-64}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
     grep -v -i -e warn -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
   cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
+  [ "${PROFILE:-1}" = 1 ] || { say "done"; exit 0; }
   say "decode profile, both attentions, lm-eval's stops"
   timeout -k 10 --signal=INT $(( $(left) - 15 )) python3 scripts/profile_decode.py --golden "$W/models/bf16" \
     --int4 "$W/models/gptq-int4" --gptq-backend quantlab --attention sdpa_grouped sdpa --lm-eval-stops --out /tmp/profile 2>&1 |

@@ -56,7 +56,7 @@ def test_static_cache_reused_across_batches_gives_the_eager_tokens(tiny):
         kw = dict(input_ids=ids["input_ids"], attention_mask=ids["attention_mask"], max_new_tokens=24,
                   do_sample=False, pad_token_id=tok.pad_token_id)
         eager = model.generate(**kw)
-        static = model.generate(**kw, past_key_values=rec._static_cache(len(prompts)))
+        static = model.generate(**kw, past_key_values=rec._static_cache(len(prompts), None))
         assert torch.equal(eager, static), prompts
     assert rec._cache_batch == 1                       # asked directly, a new batch size gets its own cache
 
@@ -153,6 +153,29 @@ def test_compiled_recorder_pads_a_smaller_batch_to_the_compiled_one():
     assert s["pads_smaller_batches"] and s["attention"] == fake.config._attn_implementation
     rec(input_ids=torch.ones(6, 5, dtype=torch.long), attention_mask=torch.ones(6, 5, dtype=torch.long))
     assert fake.seen[-1]["cache"] is not fake.seen[0]["cache"] and rec.calls[-1]["padded_rows"] == 0   # larger: new
+
+
+def _ones(width):
+    ones = torch.ones(4, width, dtype=torch.long)
+    return {"input_ids": ones, "attention_mask": ones}
+
+
+def test_compiled_cache_is_as_long_as_the_first_call_needs_and_grows_when_asked():
+    """lm-eval sends its longest prompts first: the cache takes that call's prompt + new tokens, rounded up
+    to CACHE_ROUND, capped at max_length; a later call that needs more gets a longer cache, never a shorter."""
+    from transformers import AutoConfig
+
+    fake = FakeGenerate(AutoConfig.from_pretrained(str(FIX / "bf16")))
+    rec = decode.DecodeRecorder(fake, "compiled", cache_len=2048)
+    rec(**_ones(300), max_length=300 + 256)
+    assert rec.cache_len == 768 and rec.summary()["max_cache_len"] == 2048
+    first = fake.seen[-1]["cache"]
+    rec(**_ones(100), max_length=100 + 256)      # shorter: the same cache
+    assert rec.cache_len == 768 and fake.seen[-1]["cache"] is first
+    rec(**_ones(700), max_new_tokens=256)          # longer: a longer cache
+    assert rec.cache_len == 1024 and fake.seen[-1]["cache"] is not first
+    rec(**_ones(1900), max_length=1900 + 256)      # capped at max_length
+    assert rec.cache_len == 2048 and rec.summary()["cache_len"] == 2048
 
 
 def test_eager_recorder_never_pads():

@@ -20,6 +20,7 @@ import time
 from .attention import use_grouped_attention
 
 DECODES = ("eager", "compiled")
+CACHE_ROUND = 256             # the static cache's length is a multiple of this (one compile serves nearby lengths)
 
 
 def _allow_compile(model) -> None:
@@ -52,16 +53,24 @@ class DecodeRecorder:
     only its real rows are returned, so the decode step is not compiled a second time for the new shape."""
 
     def __init__(self, model, decode: str, cache_len: int | None):
-        self.model, self.decode, self.cache_len = model, decode, cache_len
+        self.model, self.decode, self.max_cache_len = model, decode, cache_len
+        self.cache_len = None
         self.orig = model.generate
         self.calls: list[dict] = []
         self._cache, self._cache_batch = None, None
 
-    def _static_cache(self, batch: int):
+    def _static_cache(self, batch: int, needed: int | None):
+        """One cache for the run, as long as the first call needs (lm-eval sends its longest prompts first),
+        rounded up to CACHE_ROUND tokens, at most max_length: attention reads the whole cache every step,
+        so its length, not the prompt's, sets attention's cost. A call that needs more gets a longer one."""
         from transformers import StaticCache
 
-        if self._cache_batch != batch:          # the first call, or a batch larger than the compiled one
+        want = self.max_cache_len
+        if needed is not None:
+            want = min(want, -(-needed // CACHE_ROUND) * CACHE_ROUND)
+        if self._cache_batch != batch or want > self.cache_len:   # the first call, a larger batch, a longer need
             self._cache = None                   # the old one's memory goes first
+            self.cache_len = max(want, self.cache_len or 0)
             self._cache = StaticCache(config=self.model.config, max_cache_len=self.cache_len)
             self._cache_batch = batch
         self._cache.reset()
@@ -78,7 +87,11 @@ class DecodeRecorder:
                     and not kwargs.get("return_dict_in_generate")):
                 padded = self._cache_batch - batch
                 args, kwargs = pad_batch(args, kwargs, batch, self._cache_batch)
-            kwargs["past_key_values"] = self._static_cache(batch + padded if batch is not None else batch)
+            needed = kwargs.get("max_length")
+            if needed is None and prompt is not None and kwargs.get("max_new_tokens") is not None:
+                needed = prompt + int(kwargs["max_new_tokens"])
+            kwargs["past_key_values"] = self._static_cache(batch + padded if batch is not None else batch,
+                                                           None if needed is None else int(needed))
         t0 = time.perf_counter()
         out = self.orig(*args, **kwargs)
         if torch.cuda.is_available():
@@ -102,7 +115,8 @@ class DecodeRecorder:
         compiled = self.decode == "compiled"
         return {"decode": self.decode, "compiled": getattr(self.model, "_compiled_call", None) is not None,
                 "attention": getattr(getattr(self.model, "config", None), "_attn_implementation", None),
-                "cache_len": self.cache_len if compiled else None, "calls": len(self.calls),
+                "cache_len": self.cache_len if compiled else None,
+                "max_cache_len": self.max_cache_len if compiled else None, "calls": len(self.calls),
                 "pads_smaller_batches": compiled, "padded_calls": sum(1 for c in self.calls if c["padded_rows"]),
                 "first_call_s": self.calls[0]["seconds"] if self.calls else None,
                 "steady_ms_per_step": 1000 * statistics.median(later) if later else None,
