@@ -36,7 +36,7 @@ from utils.results import atomic_write_json, atomic_write_text  # noqa: E402
 
 MARGIN_S = 10               # kept free after the last launch: comparison, md, json
 WARM_COMPILE_FRACTION = 0.5  # planning: a compile from warm caches costs at most this share of the cold one
-CALL_SAFETY = 1.05          # planning: the warm-up's calls saw 2 batches' prompts, the run sees them all
+CALL_SAFETY = 1.1           # planning: the warm-up's prefill is spread over its longer calls' steps
 OVERRUN_S = 8               # a launch may run this far past --budget-s before it is stopped (md still written)
 PHASES = ("start: launch to the worker's own code (interpreter, accelerate's launcher, imports); init: process "
           "group and GPU cap; load: model and tokenizer; first call: the first generate call (prefill, and a "
@@ -66,11 +66,15 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
     fixed = warm["parallel"]["wall_seconds"] - w["throughput"]["seconds"]
     per_step = [c["seconds"] / c["steps"] for c in calls[1:] if c.get("batch") == batch and c.get("steps")]
     if per_step and calls:
-        call = statistics.median(per_step) * max_gen_toks
-        cold = max(calls[0]["seconds"] - call, 0)
+        step = statistics.median(per_step)
+        call = step * max_gen_toks
+
+        def beyond(c: dict) -> float:           # what a call cost beyond its steps at the steady rate
+            return max(c["seconds"] - step * (c.get("steps") or max_gen_toks), 0)
+        cold = beyond(calls[0])
         compile_s = WARM_COMPILE_FRACTION * cold
         if warm["n"] % batch and len(calls) > 2:          # measured: padded to a full call, or compiled again
-            last_s = max(calls[-1]["seconds"] - call, 0)
+            last_s = beyond(calls[-1])
         else:
             last_s = 0.0 if dec.get("pads_smaller_batches") else cold
     else:                       # one call only: it is the rate (compile included), nothing added
@@ -87,14 +91,40 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
 
     out = {"seconds": seconds, "fixed_s": fixed, "call_s": call, "warm_compile_s": compile_s,
            "smaller_last_batch_s": last_s, "target": target}
-    step = batch * gpus
-    for n in [target] + list(range(target // step * step, 0, -step)):
+    rounds = batch * gpus
+    for n in [target] + list(range(target // rounds * rounds, 0, -rounds)):
         if both(n) <= seconds:
             why = "" if n == target else (f"{target:,} would take about {both(target):.0f} s: {launch(target, 1):.0f} "
                                           f"on 1 GPU and {launch(target, gpus):.0f} on {gpus}")
             return {**out, "limit": n, "predicted_s": {1: launch(n, 1), gpus: launch(n, gpus)}, "why": why}
-    return {**out, "limit": None, "predicted_s": {}, "why": f"even {step} problems on 1 and {gpus} GPUs would take "
-            f"about {both(step):.0f} s, more than the {seconds:.0f} s left"}
+    return {**out, "limit": None, "predicted_s": {}, "why": f"even {rounds} problems on 1 and {gpus} GPUs would take "
+            f"about {both(rounds):.0f} s, more than the {seconds:.0f} s left"}
+
+
+def longest_prompt(model: str, data: dict, n: int, settings: EvalSettings, work: Path) -> int:
+    """Tokens of the longest of the first n prompts, as lm-eval builds them (its task, few-shot count and seed)
+    and the model's tokenizer counts them."""
+    from lm_eval.tasks import get_task_dict
+
+    from utils.models import load_tokenizer
+
+    folder = ev.write_local_task(data, Path(work) / "prompts" / "task").parent
+    task = get_task_dict([ev.LOCAL_TASK], ev.task_manager(folder))[ev.LOCAL_TASK]
+    task.set_config(key="num_fewshot", value=settings.num_fewshot)
+    task.set_fewshot_seed(seed=settings.seed)
+    task.build_all_requests(limit=n, rank=0, world_size=1)
+    tok = load_tokenizer(model)
+    return max(len(tok.encode(inst.args[0], add_special_tokens=False)) for inst in task.instances)
+
+
+def warmup_settings(s: EvalSettings, n: int, longest: int) -> EvalSettings:
+    """The warm-up's settings: n problems and, for a compiled decode, as many new tokens as fill max_length
+    after its longest prompt. Why: the static cache is as long as a launch's first call needs (utils.decode),
+    and a measured launch's first call holds the test set's longest prompts; so the warm-up compiles the
+    step for a max_length cache, the shape both measured launches replay, not a shorter one of its own."""
+    if s.decode != "compiled" or s.max_length is None or s.max_length - longest <= s.max_gen_toks:
+        return s.replace(limit=n)
+    return s.replace(limit=n, max_gen_toks=s.max_length - longest)
 
 
 def _launch_summary(run: dict) -> dict:
@@ -113,9 +143,11 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     s = settings.replace(batch_size=args.batch)
     detail = {"total": total, "target": target, "gpus": args.gpus, "decode": s.decode, "ran": None, "failed": {},
               "tables": {}}
+    ws = warmup_settings(s, args.warmup, longest_prompt(args.model, data, args.warmup, s, args.work))
     warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=1, data_files=data,
-                                 settings=s.replace(limit=args.warmup), timeout_s=deadline - time.monotonic())
-    detail["warmup"] = _launch_summary(warm)
+                                 settings=ws, timeout_s=deadline - time.monotonic())
+    detail["warmup"] = {**_launch_summary(warm), "max_gen_toks": ws.max_gen_toks,
+                        "cache_len": (warm["settings"]["decode"] or {}).get("cache_len")}
     plan = plan_limit(warm, target=target, gpus=args.gpus, batch=args.batch, max_gen_toks=args.max_gen_toks,
                       seconds=deadline - time.monotonic() - MARGIN_S)
     detail["plan"] = plan

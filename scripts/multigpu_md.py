@@ -92,8 +92,11 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
         compiled = detail.get("decode") == "compiled"
         caches = (f"TORCHINDUCTOR_CACHE_DIR={os.environ.get('TORCHINDUCTOR_CACHE_DIR', 'default')}, "
                   f"TRITON_CACHE_DIR={os.environ.get('TRITON_CACHE_DIR', 'default')}")
-        out.append(f"A warm-up launch ({warm['gpus']} GPU, {warm['n']} problems, {warm['wall_s']:.1f} s, its first "
-                   f"generate call {_r(warm['first_call_s'])} s{' with the compile' if compiled else ''}) ran before "
+        cache = (f", {warm['max_gen_toks']} new tokens a problem so that its static cache is {warm['cache_len']} "
+                 "tokens long like the measured launches'" if compiled and warm.get("cache_len") else "")
+        first = f"{_r(warm['first_call_s'])} s{' with the compile' if compiled else ''}"
+        out.append(f"A warm-up launch ({warm['gpus']} GPU, {warm['n']} problems{cache}, {warm['wall_s']:.1f} s, its "
+                   f"first generate call {first}) ran before "
                    f"both measured launches, so the 1-GPU and the {detail['gpus']}-GPU runs found the same warm "
                    f"TorchInductor and Triton caches ({caches})"
                    + ("; each rank still traces and captures its own decode step, and that time is in its first "
@@ -120,7 +123,8 @@ def launch_rows(label: str, run: dict, phases_of) -> list[dict]:
         rows.append({"launch": label, "rank": w["rank"], **{f"{k} s": _r(v) for k, v in ph.items()},
                      "calls": dec.get("calls"), "batches": ",".join(map(str, dec.get("batches") or [])),
                      "last call s (its batch)": f"{calls[-1]['seconds']:.1f} ({calls[-1]['batch']})"
-                     if len(calls) > 1 else "-", "steady ms/step": _r(dec.get("steady_ms_per_step"), 2)})
+                     if len(calls) > 1 else "-", "steady ms/step": _r(dec.get("steady_ms_per_step"), 2),
+                     "static cache": dec.get("cache_len") or "-"})
     return rows
 
 

@@ -27,22 +27,22 @@ def _warm(calls=((16, 30.0), (16, 2.56), (8, 20.0)), wall=60.0, gen=40.0, n=40):
 
 def test_the_whole_test_set_when_both_launches_fit():
     p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
-    # fixed 20 s; a full call 2.56 s, x 1.05 to be safe; a warm compile half of the cold one (30 - 2.56); the
+    # fixed 20 s; a full call 2.56 s, x 1.1 to be safe; a warm compile half of the cold one (30 - 2.56); the
     # smaller last batch (7 on 1 GPU, 4 and 3 on 2) compiles its own shape: 20 - 2.56 more, as in the warm-up
-    assert bench.CALL_SAFETY == 1.05 and p["limit"] == 1319 and p["why"] == ""
-    assert (p["call_s"], p["warm_compile_s"], p["smaller_last_batch_s"]) == pytest.approx((2.688, 13.72, 17.44))
-    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.688 + 17.44)
-    assert p["predicted_s"][2] == pytest.approx(20 + 13.72 + 42 * 2.688 + 17.44)
+    assert bench.CALL_SAFETY == 1.1 and p["limit"] == 1319 and p["why"] == ""
+    assert (p["call_s"], p["warm_compile_s"], p["smaller_last_batch_s"]) == pytest.approx((2.816, 13.72, 17.44))
+    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.816 + 17.44)
+    assert p["predicted_s"][2] == pytest.approx(20 + 13.72 + 42 * 2.816 + 17.44)
 
 
 def test_the_most_problems_that_fit_below_the_whole_set():
     p = bench.plan_limit(_warm(), target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=300)
     n = p["limit"]
-    assert n == 896 and sum(p["predicted_s"].values()) <= 300            # a multiple of 32: no smaller last batch
-    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 56 * 2.688)
+    assert n == 864 and sum(p["predicted_s"].values()) <= 300            # a multiple of 32: no smaller last batch
+    assert p["predicted_s"][1] == pytest.approx(20 + 13.72 + 54 * 2.816)
     over = bench.plan_limit(_warm(), target=n + 32, gpus=2, batch=16, max_gen_toks=256, seconds=300)
     assert over["limit"] == n                                           # 32 more would not have fitted
-    assert "1,319 would take about 438 s" in p["why"]
+    assert "1,319 would take about 454 s" in p["why"]
 
 
 def test_nothing_runs_when_not_even_one_round_fits_and_it_says_why():
@@ -56,13 +56,41 @@ def test_without_a_smaller_warm_up_batch_its_compile_counts_cold_unless_the_reco
     assert p["smaller_last_batch_s"] == pytest.approx(30 - 2.56)
     warm["parallel"]["workers"][0]["decode"]["pads_smaller_batches"] = True
     p = bench.plan_limit(warm, target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
-    assert p["smaller_last_batch_s"] == 0.0 and p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.688)
+    assert p["smaller_last_batch_s"] == 0.0 and p["predicted_s"][1] == pytest.approx(20 + 13.72 + 83 * 2.816)
 
 
 def test_without_a_steady_call_the_first_one_is_the_rate():
     p = bench.plan_limit(_warm(calls=((16, 30.0),), n=16), target=64, gpus=2, batch=16, max_gen_toks=256,
                          seconds=10_000)
-    assert p["call_s"] == pytest.approx(31.5) and p["warm_compile_s"] == 0.0 and p["limit"] == 64
+    assert p["call_s"] == pytest.approx(33.0) and p["warm_compile_s"] == 0.0 and p["limit"] == 64
+
+
+def test_a_longer_warm_up_call_is_counted_by_its_steps():
+    """The warm-up generates more tokens a call than the launches (to fill the static cache): its steady rate
+    is per step, and its first call's compile is what that call cost beyond its own steps."""
+    warm = _warm(calls=((16, 30.0 + 449 * 0.01), (16, 7.05), (8, 7.05)))
+    for c in warm["parallel"]["workers"][0]["decode"]["per_call"]:
+        c["steps"] = 705
+    p = bench.plan_limit(warm, target=1319, gpus=2, batch=16, max_gen_toks=256, seconds=1000)
+    assert p["call_s"] == pytest.approx(2.56 * 1.1) and p["warm_compile_s"] == pytest.approx(0.5 * (30 - 2.56))
+    assert p["smaller_last_batch_s"] == pytest.approx(0.0)
+
+
+def test_the_warm_up_fills_the_static_cache_only_for_a_compiled_decode(tmp_path):
+    """Its longest prompt is counted as lm-eval builds it (checked against a run of lm-eval on the same
+    problems); a compiled warm-up then generates up to max_length, so its cache is as long as a launch's."""
+    from utils import evaluation as ev
+    from utils.eval_settings import EvalSettings
+
+    data = ev.data_files_from_folder(FIXTURE / "data")
+    s = EvalSettings(limit=4, max_gen_toks=4, batch_size=4, max_length=2048)
+    longest = bench.longest_prompt(str(FIXTURE / "bf16"), data, 4, s, tmp_path)
+    run = ev.run_gsm8k(str(FIXTURE / "bf16"), tmp_path, label="p", data_files=data, settings=s)
+    assert longest == run["settings"]["prompt_tokens"]["max"] > 100
+    compiled = bench.warmup_settings(s.replace(decode="compiled", device="cuda"), 32, longest)
+    assert compiled.limit == 32 and compiled.max_gen_toks == 2048 - longest and compiled.max_length == 2048
+    eager = bench.warmup_settings(s, 32, longest)
+    assert eager.limit == 32 and eager.max_gen_toks == 4
 
 
 @pytest.mark.parametrize("ran, target, says, never", [
