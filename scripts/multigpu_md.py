@@ -87,6 +87,11 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
         out.append(f"**Not all {total:,} problems: {ran:,}**, the most that fit the time left "
                    f"({plan.get('seconds', 0):.0f} s) by the warm-up's rate ({plan.get('why', '')}). "
                    f"No number here is for the whole test set.")
+    if plan.get("call_s") is not None:
+        out.append(f"The plan, from the warm-up's rank 0: {plan['fixed_s']:.1f} s a launch besides generating (start, "
+                   f"load, lm-eval, exit), {plan['call_s']:.2f} s a full generate call (its steady rate "
+                   f"with a margin), {plan['warm_compile_s']:.1f} s for a compile from warm caches (assumed: half of "
+                   f"the warm-up's cold one), {plan['smaller_last_batch_s']:.1f} s more for a smaller last batch.")
     warm = detail.get("warmup")
     if warm:
         compiled = detail.get("decode") == "compiled"

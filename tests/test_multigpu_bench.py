@@ -133,6 +133,7 @@ def test_a_full_part_on_two_cpu_processes_writes_a_kept_run(tmp_path, monkeypatc
     assert text.startswith("# Lab 03 beyond one GPU: t (full)") and "run(kind='nvidia-h100-x2'" in text
     assert "python scripts/multigpu_bench.py full --model" in text and "lm_eval 0.4" in text
     assert "The first 8 of the" in text and "target of 1.8x" in text and "McNemar p" in text
+    assert "The plan, from the warm-up's rank 0:" in text
     with pytest.raises(SystemExit, match="exists already"):               # never overwritten
         bench.main(args)
 
