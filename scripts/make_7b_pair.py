@@ -13,7 +13,8 @@ length Qwen's own tokenizer gives.
     python scripts/make_7b_pair.py --out /tmp/rehearsal/models --data fixtures/tiny-qwen2-gsm/data
     python scripts/make_7b_pair.py --out /tmp/tiny --data ... --tiny --device cpu     # the same, small (tests)
 
-Writes <out>/bf16, <out>/gptq-int4 and <out>/build.json (seconds and bytes of each step).
+Writes <out>/bf16, <out>/gptq-int4 and <out>/build.json (seconds and bytes of each step); --bf16-only or
+--int4-only leave out the other folder.
 """
 from __future__ import annotations
 
@@ -200,7 +201,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="the same structure, small (tests, CPU)")
     ap.add_argument("--shape", choices=("7b", "14b"), default="7b", help="Qwen2.5-7B's shapes, or 14B's")
-    ap.add_argument("--bf16-only", action="store_true", help="no GPTQ-Int4 twin (the shard rehearsal needs none)")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--bf16-only", action="store_true", help="no GPTQ-Int4 twin (the shard rehearsal needs none)")
+    only.add_argument("--int4-only", action="store_true", help="no BF16 folder (the Int4 shard rehearsal: less "
+                      "time and disk)")
     args = ap.parse_args(argv)
     for sub in ("bf16", "gptq-int4"):
         if (args.out / sub).exists():
@@ -221,8 +225,9 @@ def main(argv=None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     report["model"] = {"seconds": round(time.perf_counter() - t0, 2), "parameters": n_params}
     log(f"model: {n_params / 1e9:.3f} B parameters on {args.device} in {report['model']['seconds']} s")
-    report["bf16"] = save_bf16(model, tokenizer, args.out / "bf16")
-    log(f"bf16 saved: {report['bf16']['bytes'] / 2**30:.2f} GiB in {report['bf16']['seconds']} s")
+    if not args.int4_only:
+        report["bf16"] = save_bf16(model, tokenizer, args.out / "bf16")
+        log(f"bf16 saved: {report['bf16']['bytes'] / 2**30:.2f} GiB in {report['bf16']['seconds']} s")
     if args.bf16_only:
         (args.out / "build.json").write_text(json.dumps(report, indent=1))
         return 0

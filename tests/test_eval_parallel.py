@@ -2,6 +2,7 @@
 fixture, compared sample for sample with one process; a worker's failure is named by its rank."""
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -44,6 +45,57 @@ def test_two_cpu_processes_agree_with_one_at_batch_size_1(tmp_path, data):
     assert logged == set(range(6))                       # rank 0 gathered every rank's samples
     row = ep.row("2 processes", two, one)
     assert row["GPUs"] == 2 and row["differing generations"] == 0 and row["wall s"] > 0
+    for w in workers:                                    # each rank's own decode loop, and where its time went
+        assert w["decode"]["decode"] == "eager" and w["decode"]["calls"] == 3 and w["decode"]["batches"] == [1]
+        phases = ep.worker_phases(w, two["parallel"]["launched_at"], two["parallel"]["wall_seconds"])
+        assert all(v >= 0 for v in phases.values()), phases
+        assert phases["load"] > 0 and phases["lm-eval"] > 0 and phases["start"] > 0.5   # a new interpreter
+        assert abs(sum(phases.values()) - two["parallel"]["wall_seconds"]) < 1e-6
+
+
+class _NoLaunch:
+    """A launcher that exits at once without starting a worker (the config is what is looked at)."""
+    pid, returncode = 0, 1
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+
+    def poll(self):
+        return 1
+
+    def wait(self, *args):
+        return 1
+
+
+def test_every_worker_gets_the_lab_settings_decode_included_on_its_own_device(monkeypatch, tmp_path, data):
+    """What a rank evaluates with is the lab's settings as written before the launch, only its device
+    changed: decode 'compiled' (each rank compiles its own step over its own static cache), batch size and
+    lengths reach every worker; the GPU cap comes from the environment the launcher passes on."""
+    monkeypatch.setattr(ep.subprocess, "Popen", _NoLaunch)
+    monkeypatch.setenv("QUANTLAB_GPU_MEMORY_GIB", "24")
+    lab = EvalSettings.from_params(device="cuda", decode="compiled", batch_size=16, max_length=2048, gsm8k_limit=64,
+                                   max_gen_toks=256, seed=7, gptq_backend="gptq_triton")
+    with pytest.raises(ep.WorkerError, match="gpus=1: .*rank 0: never started"):
+        ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="cfg", gpus=1, data_files=data, settings=lab)
+    cfg = json.loads((tmp_path / "workers" / "cfg" / "config.json").read_text())
+    for device in ("cuda:0", "cuda:1"):
+        s = ep.worker_settings(cfg, device)
+        assert s == lab.replace(device=device) and s.decode == "compiled" and s.max_length == 2048
+    assert {k: getattr(ep.worker_settings(cfg, "cpu"), k) for k in ep.LOAD_KEYS} == {
+        **{k: getattr(lab, k) for k in ep.LOAD_KEYS}}
+
+
+def test_compiled_decode_on_cpu_workers_fails_in_every_worker_naming_it(tmp_path, data):
+    """The lab's decode setting reaches the worker processes: 'compiled' needs a GPU, and two CPU workers
+    each refuse it (with eager in a worker instead, this run would pass)."""
+    with pytest.raises(ep.WorkerError) as exc:
+        ep.run_gsm8k_parallel(str(MODEL), tmp_path, label="compiled", gpus=2, data_files=data, timeout_s=600,
+                              settings=EvalSettings(limit=4, max_gen_toks=8, batch_size=2, decode="compiled"))
+    msg = str(exc.value)
+    assert "gpus=2: worker rank" in msg and "of 2 failed" in msg, msg
+    failed = re.findall(r"rank (\d) failed: ([^;]*)", msg)          # a rank the launcher stopped first: not listed
+    assert failed and all("decode: 'compiled' replays the decode step as CUDA graphs and needs a GPU" in why
+                          for _, why in failed), msg
 
 
 def _launch(tmp_path, data, model, result):

@@ -88,3 +88,17 @@ def test_tokenizer_spans_the_vocabulary_and_encodes_gsm8k(pair):
 def test_refuses_to_overwrite(pair):
     with pytest.raises(SystemExit, match="exists already"):
         _script().main(["--out", str(pair), "--data", str(DATA), "--tiny", "--device", "cpu"])
+
+
+def test_int4_only_writes_the_same_twin_and_no_bf16_folder(pair, tmp_path):
+    """The Int4 shard rehearsal builds only the twin: the same seed gives the same packed weights."""
+    assert _script().main(["--out", str(tmp_path), "--data", str(DATA), "--tiny", "--device", "cpu",
+                           "--int4-only"]) == 0
+    assert not (tmp_path / "bf16").exists() and models.is_gptq(tmp_path / "gptq-int4")
+    build = json.loads((tmp_path / "build.json").read_text())
+    assert "bf16" not in build and build["int4"]["bytes"] > 0
+    for name in gptq.layer_names(pair / "gptq-int4")[:3]:
+        a, b = gptq.read_layer(pair / "gptq-int4", name), gptq.read_layer(tmp_path / "gptq-int4", name)
+        assert all(torch.equal(a[k], b[k]) for k in ("qweight", "qzeros", "scales")), name
+    with pytest.raises(SystemExit):                                   # one or the other, not both
+        _script().main(["--out", str(tmp_path / "x"), "--data", str(DATA), "--tiny", "--bf16-only", "--int4-only"])

@@ -150,9 +150,10 @@ def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus
                        timeout_s: float | None = None, poll_s: float = 0.5) -> dict:
     """evaluation.run_gsm8k's result, computed by `gpus` worker processes under accelerate launch.
 
-    Adds "parallel": {"gpus", "wall_seconds" (launch to exit: loading included), "workers": per-rank status
-    (device, generation seconds, problems, GPU and host peaks)}; throughput becomes the whole run's
-    (problems over the slowest rank's generation seconds). Raises WorkerError naming the failed rank.
+    Adds "parallel": {"gpus", "wall_seconds" (launch to exit: loading included), "launched_at" (epoch s),
+    "workers": per-rank status (device, generation seconds, problems, GPU and host peaks, the decode summary,
+    and where its time went: worker_phases)}; throughput becomes the whole run's (problems over the slowest
+    rank's generation seconds). Raises WorkerError naming the failed rank.
     """
     device = settings.device
     check_gpus(gpus, device)
@@ -169,7 +170,7 @@ def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus
     if not str(device).startswith("cuda"):
         env["ACCELERATE_USE_CPU"] = "true"                 # MULTI_CPU: gloo instead of NCCL
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // gpus)))
-    t0 = time.monotonic()
+    t0, launched_at = time.monotonic(), time.time()
     with open(work / "launcher.log", "wb") as log:
         proc = subprocess.Popen(launch_command(gpus, config, _free_port()), cwd=str(REPO), env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -199,7 +200,8 @@ def run_gsm8k_parallel(model_path: str, out_dir: str | Path, *, label: str, gpus
     result["throughput"] = {"seconds": slowest, "problems": result["n"], "generated_tokens": tokens,
                             "problems_per_s": result["n"] / slowest if slowest > 0 else None,
                             "tokens_per_s": tokens / slowest if slowest > 0 else None}
-    result["parallel"] = {"gpus": gpus, "wall_seconds": wall, "workers": states, "work_dir": str(work)}
+    result["parallel"] = {"gpus": gpus, "wall_seconds": wall, "launched_at": launched_at, "workers": states,
+                          "work_dir": str(work)}
     return result
 
 
@@ -313,8 +315,35 @@ def agreement(path: str, out_dir: str | Path, *, problems: int, gpus: int = 1, e
     return rows
 
 
+def worker_settings(cfg: dict, device: str) -> EvalSettings:
+    """A rank's settings: the lab's, as run_gsm8k_parallel wrote them (decode, batch, cap-relevant lengths
+    included), on this rank's own device."""
+    return EvalSettings.from_params(**{**cfg["settings"], "device": device})
+
+
+def _decode_brief(decode: dict | None) -> dict | None:
+    """A rank's decode summary (utils.decode: every generate call's batch, steps, seconds) and its batch sizes."""
+    if not decode:
+        return None
+    return {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", []) if c.get("batch")})}
+
+
+def worker_phases(status: dict, launched_at: float, wall: float) -> dict:
+    """Where one rank's wall time went, in seconds: start (launch to the worker's code: interpreter, launcher,
+    imports), init (process group, GPU cap), load (model and tokenizer), first call (the first generate:
+    prefill and, compiled, the compile), the rest of generation, lm-eval's own work (task, prompts, scoring,
+    gathering, saving) and the exit (worker done to launcher exit)."""
+    gen = status["throughput"]["seconds"]
+    first = min((status.get("decode") or {}).get("first_call_s") or 0.0, gen)
+    start = status["started_at"] - launched_at
+    return {"start": start, "init": status["init_seconds"], "load": status["load_seconds"], "first call": first,
+            "generation after it": gen - first, "lm-eval": status["seconds"] - status["load_seconds"] - gen,
+            "exit": wall - start - status["init_seconds"] - status["seconds"]}
+
+
 def _worker(config_path: str) -> int:
     """One rank: run_gsm8k on its share of the problems; status (and rank 0's result) written atomically."""
+    entered = time.time()
     from datetime import timedelta
 
     from accelerate import Accelerator
@@ -332,16 +361,19 @@ def _worker(config_path: str) -> int:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
     status = {"rank": rank, "world_size": state.num_processes, "pid": os.getpid(), "state": "started",
-              "device": str(state.device), "cap": gpu_cap.kernel_hook(label=f"03_eval-{cfg['label']}-rank{rank}")}
-    atomic_write_json(work / STATUS.format(rank), status)
+              "device": str(state.device), "cap": gpu_cap.kernel_hook(label=f"03_eval-{cfg['label']}-rank{rank}"),
+              "started_at": entered}
     t0 = time.time()
+    status["init_seconds"] = t0 - entered
+    atomic_write_json(work / STATUS.format(rank), status)
     try:
         device = str(state.device) if state.device.type == "cuda" else "cpu"
-        s = EvalSettings.from_params(**{**cfg["settings"], "device": device})
+        s = worker_settings(cfg, device)
         kernel = s.gptq_backend if ev.is_gptq(cfg["model_path"]) else None
         lm = ev.load_lm(cfg["model_path"], device=device, param=s.param, gptq_backend=kernel,
                         **{k: getattr(s, k) for k in LOAD_KEYS})
         attach_ranks(lm)
+        status["load_seconds"] = time.time() - t0
         run = ev.run_gsm8k(cfg["model_path"], cfg["out_dir"], label=cfg["label"], data_files=cfg["data_files"],
                            settings=s, lm=lm)
     except BaseException as exc:  # noqa: BLE001 - the launcher must learn which rank failed, and why
@@ -351,7 +383,9 @@ def _worker(config_path: str) -> int:
         raise
     if rank == 0:
         atomic_write_json(work / RESULT, run)
-    status.update(state="done", seconds=time.time() - t0, throughput=run["throughput"], **gpu_cap.peaks())
+    decode = run["settings"]["decode"] if rank == 0 else run.get("decode")
+    status.update(state="done", seconds=time.time() - t0, throughput=run["throughput"], decode=_decode_brief(decode),
+                  **gpu_cap.peaks())
     atomic_write_json(work / STATUS.format(rank), status)
     return 0
 

@@ -18,6 +18,7 @@ import yaml
 
 from .decode import TimedGeneration, prepare_decode
 from .eval_settings import EvalInputError, EvalSettings
+from .prompt_cache import cache_templates
 from .gsm_synth import read_gsm8k
 from .models import is_gptq
 from .results import atomic_write_text
@@ -243,11 +244,13 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
         raise EvalInputError(str(exc)) from exc
     timer = TimedGeneration(lm)
     lm.generate_until = timer
+    cache_templates()
     tracker = EvaluationTracker(output_path=str(out_dir))
     res = _simple_evaluate(lm, model_path, task, tm, tracker, s, kernel)
     if res is None:  # a data-parallel rank > 0: rank 0 gathered its samples (utils.eval_parallel)
         return {"label": label, "rank": lm.rank, "throughput": {"seconds": timer.seconds, "problems": timer.requests,
-                                                                "generated_tokens": timer.tokens}}
+                                                                "generated_tokens": timer.tokens},
+                "decode": recorder.summary() if recorder else {"decode": s.backend}}
     samples = res["samples"][task]
     prompts = prompt_lengths(lm.tokenizer, samples)
     if s.max_length is not None and prompts["max"] + s.max_gen_toks > s.max_length:
