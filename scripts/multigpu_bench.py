@@ -143,15 +143,19 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     s = settings.replace(batch_size=args.batch)
     detail = {"total": total, "target": target, "gpus": args.gpus, "decode": s.decode, "ran": None, "failed": {},
               "tables": {}}
-    ws = warmup_settings(s, args.warmup, longest_prompt(args.model, data, args.warmup, s, args.work))
-    warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=1, data_files=data,
+    # the warm-up runs on every GPU the measured launches use: TorchInductor's and Triton's caches are per
+    # device (warmed on GPU 0 alone, rank 1 compiled cold: 29.8 s first call against rank 0's 12.4, 2026-11-26);
+    # each rank gets args.warmup problems, so rank 0 (what plan_limit reads) makes its calls as before
+    n = args.warmup * args.gpus
+    ws = warmup_settings(s, n, longest_prompt(args.model, data, n, s, args.work))
+    warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=args.gpus, data_files=data,
                                  settings=ws, timeout_s=deadline - time.monotonic())
     detail["warmup"] = {**_launch_summary(warm), "max_gen_toks": ws.max_gen_toks,
                         "cache_len": (warm["settings"]["decode"] or {}).get("cache_len")}
     plan = plan_limit(warm, target=target, gpus=args.gpus, batch=args.batch, max_gen_toks=args.max_gen_toks,
                       seconds=deadline - time.monotonic() - MARGIN_S)
     detail["plan"] = plan
-    phases = md.launch_rows("warm-up, 1 GPU", warm, ep.worker_phases)
+    phases = md.launch_rows(f"warm-up, {args.gpus} GPUs", warm, ep.worker_phases)
     print(f"plan: {plan}", flush=True)
     runs = {}
     if plan["limit"] is not None:
@@ -273,8 +277,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--invariant-limit", type=int, default=0, help="compare: problems re-run at batch size 1 (0: none)")
-    ap.add_argument("--warmup", type=int, default=32, help="full: problems of the warm-up launch (at least 2 "
-                    "batches: the rates full plans with; a smaller last one measures its cost)")
+    ap.add_argument("--warmup", type=int, default=32, help="full: problems per GPU of the warm-up launch, which "
+                    "runs on --gpus GPUs (at least 2 batches: the rates full plans with; a smaller last one measures "
+                    "its cost)")
     ap.add_argument("--budget-s", type=float, default=450, help="full: seconds for the warm-up and both launches")
     ap.add_argument("--deadline", type=float, default=None, help="full: instead of --budget-s, the epoch second "
                     "by which they must be done (the caller's clock: this script's imports count)")

@@ -100,7 +100,8 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
         cache = (f", {warm['max_gen_toks']} new tokens a problem so that its static cache is {warm['cache_len']} "
                  "tokens long like the measured launches'" if compiled and warm.get("cache_len") else "")
         first = f"{_r(warm['first_call_s'])} s{' with the compile' if compiled else ''}"
-        out.append(f"A warm-up launch ({warm['gpus']} GPU, {warm['n']} problems{cache}, {warm['wall_s']:.1f} s, its "
+        gpus = f"{warm['gpus']} GPU{'s' if warm['gpus'] != 1 else ''}"
+        out.append(f"A warm-up launch ({gpus}, {warm['n']} problems{cache}, {warm['wall_s']:.1f} s, its "
                    f"first generate call {first}) ran before "
                    f"both measured launches, so the 1-GPU and the {detail['gpus']}-GPU runs found the same warm "
                    f"TorchInductor and Triton caches ({caches})"

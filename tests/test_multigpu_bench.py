@@ -121,13 +121,13 @@ def test_a_full_part_on_two_cpu_processes_writes_a_kept_run(tmp_path, monkeypatc
     assert bench.main(args) == 0
     run = json.loads((tmp_path / "t.json").read_text())
     d = run["detail"]
-    assert d["ran"] == 8 and d["plan"]["limit"] == 8 and d["warmup"]["n"] == 4 and not d["failed"]
+    assert d["ran"] == 8 and d["plan"]["limit"] == 8 and d["warmup"]["n"] == 8 and not d["failed"]
     assert 700 < d["plan"]["seconds"] < 900                              # the deadline, less the warm-up
     assert [r["GPUs"] for r in run["rows"]] == [1, 2] and [r["problems"] for r in run["rows"]] == [8, 8]
     assert "speed-up, wall" in run["rows"][1] and d["compare"]["n"] == 8
     intro, phases = d["tables"]["Where each launch's wall time went, per rank (s)"]
-    assert [(r["launch"], r["rank"]) for r in phases] == [("warm-up, 1 GPU", 0), ("1 GPU", 0), ("2 GPUs", 0),
-                                                          ("2 GPUs", 1)]
+    assert [(r["launch"], r["rank"]) for r in phases] == [("warm-up, 2 GPUs", 0), ("warm-up, 2 GPUs", 1), ("1 GPU", 0),
+                                                          ("2 GPUs", 0), ("2 GPUs", 1)]   # every card warmed
     assert all(r["load s"] > 0 and r["calls"] >= 1 for r in phases) and "add up to the launch's wall" in intro
     text = (tmp_path / "t.md").read_text()
     assert text.startswith("# Lab 03 beyond one GPU: t (full)") and "run(kind='nvidia-h100-x2'" in text
