@@ -1,8 +1,8 @@
-"""What the W4A16 kernel's main loop executes on a Hopper GPU, read from its machine code, without a GPU.
+"""What the W4A16 kernel's main loop executes on an NVIDIA GPU, read from its machine code, without a GPU.
 
-    python scripts/w4a16_sass.py [--unpack reshape join ptx] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
+    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
 
-Triton compiles a kernel for a target it is told (here sm_90, the H100/H200) with its own bundled ptxas, and
+Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
 (one 64 x 128 weight tile per program and step), counted by kind: the tensor-core products (HGMMA: wgmma,
 HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
@@ -28,8 +28,8 @@ KINDS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDS", "LDSM", "STS", "BAR", "LOP3", 
 OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
-def compile_sass(unpack: str, block_n: int, warps: int, stages: int) -> str:
-    """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_90."""
+def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90) -> str:
+    """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -44,7 +44,7 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int) -> str:
                   BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack))
     sig.update({k: "constexpr" for k in consts})
     aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}
-    k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", 90, 32),
+    k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 80 A100")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
             "|" + "---|" * (3 + len(KINDS))]
     for unpack in args.unpack:
-        sass = compile_sass(unpack, args.block_n, args.warps, args.stages)
+        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch)
         ops = loop_body(sass)
         n = collections.Counter(ops)
         rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"sass_{unpack}.txt").write_text(sass)
     import triton
-    text = (f"W4A16 kernel's K loop on sm_90 (Triton {triton.__version__}, compiled here): tile {args.block_n} x 128, "
+    text = (f"W4A16 kernel's K loop on sm_{args.arch} (Triton {triton.__version__}, compiled here): tile {args.block_n} x 128, "
             f"{args.warps} warps, {args.stages} stages, {per_thread} weights per thread and step.\n\n" + "\n".join(rows) + "\n")
     if args.out:
         (args.out / "w4a16_sass.md").write_text(text)

@@ -1,0 +1,26 @@
+"""The W4A16 kernel compiled for NVIDIA GPUs here, without one (scripts/w4a16_sass.py): the PTX unpacking,
+which Triton's interpreter cannot run, must assemble for the H100 and the RTX 4090, and do what it is for."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+import w4a16_sass  # noqa: E402
+
+
+@pytest.mark.parametrize("arch,tensor_op", [(90, "HGMMA"), (89, "HMMA")])
+def test_ptx_unpacking_assembles_and_takes_fewer_instructions_than_joins(arch, tensor_op, tmp_path):
+    # its own process: the kernels must be compiled, not interpreted (this suite imports them interpreted)
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "join", "ptx",
+                    "--out", str(tmp_path)], check=True, env=env, capture_output=True, timeout=240)
+    loops = {u: w4a16_sass.loop_body((tmp_path / f"sass_{u}.txt").read_text()) for u in ("join", "ptx")}
+    for unpack, ops in loops.items():
+        assert tensor_op in ops, (arch, unpack)                 # the tile product on the tensor cores
+    assert loops["ptx"].count("LOP3") < loops["join"].count("LOP3")   # two codes per lop3, not one
+    assert len(loops["ptx"]) < len(loops["join"])
+    assert f"sm_{arch}" in (tmp_path / "w4a16_sass.md").read_text()
