@@ -32,6 +32,20 @@ def test_gptq_backend_policy(monkeypatch):
     assert models.gptq_backend("cuda", "gptq_marlin", record=record("cuda")) == "gptq_exllama_v2"
 
 
+def test_auto_picks_quantlab_only_for_a_4bit_checkpoint(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.delenv(models.GPTQ_ENV, raising=False)
+    monkeypatch.setattr(models, "gptq_backend", lambda device, requested="auto", **kw:
+                        "quantlab" if requested in ("auto", "quantlab") else requested)   # an NVIDIA GPU's choice
+    for bits, auto, named in ((4, "quantlab", "quantlab"), (8, "gptq_triton", "quantlab")):
+        d = tmp_path / f"b{bits}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": bits}}))
+        assert models.checkpoint_kernel(d, "cuda") == auto
+        assert models.checkpoint_kernel(d, "cuda", "quantlab") == named     # asked for by name: kept, refused later
+
+
 def test_rocm_gets_only_kernels_that_work_there(monkeypatch):
     monkeypatch.delenv(models.GPTQ_ENV, raising=False)
     rocm = record("rocm")

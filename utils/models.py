@@ -114,6 +114,17 @@ def gptq_backend(device: str, requested: str = "auto", *, record=None, rocm_safe
     return chosen
 
 
+def checkpoint_kernel(path: str | Path, device: str, backend: str = "auto") -> str:
+    """gptq_backend for this checkpoint: "auto" does not pick quantlab, which runs 4-bit codes only, for a
+    checkpoint of other bits (gptq_triton then); quantlab asked for by name is kept, and its layers say why
+    they refuse such a checkpoint."""
+    kernel = gptq_backend(device, backend)
+    if kernel == QUANTLAB and kernel_name(backend)[0] == "auto" and \
+            _config(path).get("quantization_config", {}).get("bits") != 4:
+        return "gptq_triton"
+    return kernel
+
+
 def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     """The quantization_config to pass to from_pretrained for a GPTQ checkpoint (None otherwise)."""
     if not is_gptq(path):
@@ -121,7 +132,7 @@ def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
     from transformers import GPTQConfig
 
     q = _config(path)["quantization_config"]
-    kernel = gptq_backend(device, backend)
+    kernel = checkpoint_kernel(path, device, backend)
     if kernel == QUANTLAB:
         from .quantlab_linear import LOADS_WITH as kernel
     return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=kernel)
@@ -150,7 +161,7 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if not is_gptq(path):
         model = model.to(device)
-    elif gptq_backend(device, backend) == QUANTLAB:
+    elif checkpoint_kernel(path, device, backend) == QUANTLAB:
         from .quantlab_linear import swap_gptq_linears
         swap_gptq_linears(model)
     return model.eval()
