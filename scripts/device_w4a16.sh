@@ -11,15 +11,16 @@
 #     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
 #  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
-# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers,
-# spills and SASS counts) at gate/up, down and q/o, M = 1 and 16, beside bf16 and the Int4 GEMV, then Marlin's
-# columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's and the fixture's tests,
+# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers
+# and spills; the SASS itself: scripts/w4a16_sass.py, here) at gate/up, down and q/o, M = 1 and 16, beside bf16 and
+# the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
-# Marlin), then (unless PROFILE=0) the decode profile under both
-# attentions with lm-eval's stops (~9 minutes).
+# Marlin), then (unless PROFILE=0) the decode profile under both attentions with lm-eval's stops (~9 minutes).
+# From this checkout with the wheels and GSM8K kept in .dev/kernel/: carry ['.dev/kernel/.whl', '.dev/kernel/.gsm8k'],
+# command 'ln -sfn .dev/kernel/.whl .whl && ln -sfn .dev/kernel/.gsm8k .gsm8k && bash scripts/device_w4a16.sh MODE'.
 # Back under $OUT: run.log, tests.log, bench_w4a16.{md,json}, profile_decode.{md,json}, bench_lab03.{md,json}.
 set -uo pipefail
 T0=$(date +%s)
