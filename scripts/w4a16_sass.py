@@ -67,13 +67,18 @@ def loop_body(sass: str) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--unpack", nargs="+", default=["reshape", "join", "ptx"])
+    ap.add_argument("--unpack", nargs="+", default=["reshape", "join", "ptx"], choices=("reshape", "rows", "join", "ptx"))
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
-    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 80 A100")
+    ap.add_argument("--arch", type=int, default=90, choices=(80, 86, 89, 90),
+                    help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 86 RTX 3090, 80 A100")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.block_n < 16 or args.block_n & (args.block_n - 1):
+        ap.error(f"--block-n: {args.block_n} must be a power of two >= 16 (the columns of one program's tile)")
+    if args.warps not in (1, 2, 4, 8, 16) or args.stages < 1:
+        ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"
     per_thread = args.block_n * 128 // (32 * args.warps)
     rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
