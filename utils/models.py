@@ -125,14 +125,12 @@ def checkpoint_kernel(path: str | Path, device: str, backend: str = "auto") -> s
     return kernel
 
 
-def gptq_loading_config(path: str | Path, device: str, backend: str = "auto"):
-    """The quantization_config to pass to from_pretrained for a GPTQ checkpoint (None otherwise)."""
-    if not is_gptq(path):
-        return None
+def gptq_loading_config(path: str | Path, kernel: str):
+    """The quantization_config to pass to from_pretrained for a GPTQ checkpoint loaded for `kernel`
+    (checkpoint_kernel's choice)."""
     from transformers import GPTQConfig
 
     q = _config(path)["quantization_config"]
-    kernel = checkpoint_kernel(path, device, backend)
     if kernel == QUANTLAB:
         from .quantlab_linear import LOADS_WITH as kernel
     return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=kernel)
@@ -155,13 +153,14 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
 
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}
-    if is_gptq(path):
+    kernel = checkpoint_kernel(path, device, backend) if is_gptq(path) else None     # resolved once
+    if kernel is not None:
         kwargs["device_map"] = str(device)
-        kwargs["quantization_config"] = gptq_loading_config(path, device, backend)
+        kwargs["quantization_config"] = gptq_loading_config(path, kernel)
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    if not is_gptq(path):
+    if kernel is None:
         model = model.to(device)
-    elif checkpoint_kernel(path, device, backend) == QUANTLAB:
+    elif kernel == QUANTLAB:
         from .quantlab_linear import swap_gptq_linears
         swap_gptq_linears(model)
     return model.eval()

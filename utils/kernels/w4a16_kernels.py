@@ -99,11 +99,11 @@ def _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP: tl.constexpr
             }""",
             "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [q, zz, ss], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
     else:
-        zf = z.to(tl.int16).to(tl.float16, bitcast=True)[:, None]
-        w0, w1 = _code(q, 0, zf, s[:, None]), _code(q, 4, zf, s[:, None])
-        w2, w3 = _code(q, 8, zf, s[:, None]), _code(q, 12, zf, s[:, None])
-        w4, w5 = _code(q, 16, zf, s[:, None]), _code(q, 20, zf, s[:, None])
-        w6, w7 = _code(q, 24, zf, s[:, None]), _code(q, 28, zf, s[:, None])
+        zf, sc = z.to(tl.int16).to(tl.float16, bitcast=True)[:, None], s[:, None]
+        w0, w1 = _code(q, 0, zf, sc), _code(q, 4, zf, sc)
+        w2, w3 = _code(q, 8, zf, sc), _code(q, 12, zf, sc)
+        w4, w5 = _code(q, 16, zf, sc), _code(q, 20, zf, sc)
+        w6, w7 = _code(q, 24, zf, sc), _code(q, 28, zf, sc)
     # a join appends a trailing axis of 2; nested three deep, flat index 4a + 2b + c reads the innermost pair's
     # a-th, the middle's b-th, the outer's c-th: so code j sits at bit-reversed nesting
     w = tl.join(tl.join(tl.join(w0, w4), tl.join(w2, w6)), tl.join(tl.join(w1, w5), tl.join(w3, w7)))
