@@ -143,9 +143,9 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     s = settings.replace(batch_size=args.batch)
     detail = {"total": total, "target": target, "gpus": args.gpus, "decode": s.decode, "ran": None, "failed": {},
               "tables": {}}
-    # the warm-up runs on every GPU the measured launches use: TorchInductor's and Triton's caches are per
-    # device (warmed on GPU 0 alone, rank 1 compiled cold: 29.8 s first call against rank 0's 12.4, 2026-11-26);
-    # each rank gets args.warmup problems, so rank 0 (what plan_limit reads) makes its calls as before
+    # the warm-up runs on every GPU the measured launches use: the compile caches serve the device they were
+    # made on, so a warm-up on GPU 0 alone leaves the other ranks compiling cold; each rank gets args.warmup
+    # problems, so rank 0 (what plan_limit reads) makes the calls it plans from
     n = args.warmup * args.gpus
     ws = warmup_settings(s, n, longest_prompt(args.model, data, n, s, args.work))
     warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=args.gpus, data_files=data,
