@@ -137,6 +137,13 @@ def kernel_manager_class():
             super().__init__(**kwargs)
             run_state.track(self)
 
+        async def _async_interrupt_kernel(self):
+            # jupyter_client interrupts before every shutdown; a lab that ended has nothing to interrupt, and a
+            # SIGINT landing in a message handler prints "ERROR | KeyboardInterrupt caught in kernel" under a
+            # run that succeeded. A timed-out cell is still interrupted (nbclient calls this outside a shutdown).
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
     if os.name != "posix":
         return TrackedKernelManager
 
