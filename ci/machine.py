@@ -2,6 +2,7 @@
 for a GPU that is not there, a Jupyter kernel that is not installed. Each problem says what to set instead."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ci.profile_schema import lab_params
@@ -38,6 +39,7 @@ def machine_problems(profile: dict, to_run: list[str], labs: dict[str, Path]) ->
         problems.append(f"env.TRITON_INTERPRET: {triton!r} compiles Triton kernels for a GPU, and this machine has "
                         f"none (torch sees {record.backend}); set TRITON_INTERPRET: \"1\" (Triton's CPU "
                         "interpreter), as ci/profiles/cpu-tiny.yaml does")
+    problems += env_problems(profile)
     kernel = profile.get("kernel")
     if kernel:
         from jupyter_client.kernelspec import KernelSpecManager
@@ -46,4 +48,35 @@ def machine_problems(profile: dict, to_run: list[str], labs: dict[str, Path]) ->
         if kernel not in installed:
             problems.append(f"kernel: {kernel!r} is not an installed Jupyter kernel (installed: "
                             f"{', '.join(installed) or 'none'}); e.g. kernel: python3, or remove the key")
+    return problems
+
+
+FOLDER_ENV = {"QUANTLAB_RUNS": "where run folders go", "QUANTLAB_MODELS": "where model snapshots go",
+              "QUANTLAB_PEAKS_DIR": "where each lab kernel's peak memory is written"}
+
+
+def env_problems(profile: dict, environ=None) -> list[str]:
+    """The course's QUANTLAB_* variables, from the profile's env or this shell's, checked before any lab runs:
+    inside a lab kernel a bad one fails late, or (the memory cap, read in sitecustomize, where Python prints
+    the error and goes on) is dropped without a word."""
+    from utils.gpu_cap import CAP_ENV, parse_cap
+    from utils.models import GPTQ_ENV, GPTQ_KERNELS
+
+    own = {k: str(v) for k, v in (profile.get("env") or {}).items()}
+    env = {**(os.environ if environ is None else environ), **own}
+    where = lambda k: f"env.{k}" if k in own else f"${k} (this shell's environment)"  # noqa: E731
+    problems = []
+    if env.get(CAP_ENV, "").strip():
+        try:
+            parse_cap(env[CAP_ENV])
+        except ValueError as exc:
+            problems.append(f"{where(CAP_ENV)}: {exc}")
+    backend = env.get(GPTQ_ENV, "").strip()
+    if backend and backend.lower() not in GPTQ_KERNELS:
+        problems.append(f"{where(GPTQ_ENV)}: {backend!r} is not a GPTQ kernel (the kernels are "
+                        f"{', '.join(GPTQ_KERNELS)}); set one of them, or remove it to use the labs' gptq_backend")
+    for name, what in FOLDER_ENV.items():
+        value = env.get(name, "").strip()
+        if value and Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():
+            problems.append(f"{where(name)}: {value} is a file, not a folder ({what}); give a folder, or remove it")
     return problems

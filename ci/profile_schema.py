@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -46,6 +47,22 @@ TOP_LEVEL = {
 }
 REQUIRED = ("name",)
 _ROOT_EXAMPLE = "name: my-box\nparams:\n  device: cpu\nlabs:\n  01_env:\n    repeats: 5"
+
+
+def _is_number(checker, value) -> bool:
+    """A finite int or float: YAML's .nan and .inf would pass every bound (NaN compares false) and reach a lab."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (not isinstance(value, float) or math.isfinite(value)))
+
+
+def _is_integer(checker, value) -> bool:
+    """An int, not 512.0: a lab passes it to range() or a tensor shape, where a float is a TypeError."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# jsonschema's own checker takes 512.0 for an integer and NaN for a number
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=(
+    jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _is_number).redefine("integer", _is_integer)))
 
 
 class ProfileError(ValueError):
@@ -209,6 +226,8 @@ def _got(value) -> str:
         return f"a list {yaml.safe_dump(value, default_flow_style=True).strip()[:60]}"
     if isinstance(value, dict):
         return "a mapping"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} (not a finite number)"
     return repr(value)
 
 
@@ -264,7 +283,7 @@ def _number_text(value: str, schema: dict):
     except ValueError:
         return None
     for candidate in ((int(number),) if number.is_integer() else ()) + (number,):
-        if jsonschema.Draft202012Validator(schema).is_valid(candidate):
+        if Validator(schema).is_valid(candidate):
             return yaml.safe_dump(candidate).splitlines()[0]
     return None
 
@@ -303,6 +322,10 @@ def _message(err: jsonschema.ValidationError, schema: dict, lines: dict) -> str:
     source = explained.get("x-source")
     where = f"line {lines[path]}, " if path in lines else ""
     got = _got(err.instance)
+    plain_schema = {k: v for k, v in explained.items() if not k.startswith("x-")}
+    if isinstance(err.instance, float) and err.instance.is_integer() and \
+            Validator(plain_schema).is_valid(int(err.instance)):
+        got += f", a float where a whole number is expected: write {int(err.instance)}"
     if isinstance(err.instance, str):
         plain = {k: v for k, v in explained.items() if not k.startswith("x-")}
         number = _number_text(err.instance, plain)
@@ -330,7 +353,7 @@ def validate_profile(profile, labs: dict[str, Path] | None, path: str | None = N
     lines = _lines(text)
     if data is None:
         raise ProfileError(f"profile {path} is empty: expected {schema['x-expected']}, e.g.\n{_ROOT_EXAMPLE}")
-    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(data))
+    errors = list(Validator(schema).iter_errors(data))
     if not errors:
         return
     if not isinstance(data, dict):

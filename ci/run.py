@@ -216,6 +216,8 @@ def run_chain(profile: dict, *, labs: dict[str, Path] | None = None, start_from:
         except ValueError as exc:
             raise ChainError(str(exc)) from exc
         bad = run_state.first_bad_lab(resume_from, reused, {e.get("lab"): e for e in earlier.get("labs") or []})
+        bad = bad or next(((lab, why) for lab in reused if (why := run_state.parameters_differ(
+            Path(resume_from) / lab, labs[lab], lab_parameters(profile, lab, labs[lab], Path(resume_from))))), None)
         if bad:
             why = bad[1].rstrip(".")
             raise ChainError(f"--resume {resume_from}: {bad[0]} cannot be reused: {why}; nothing was run\n"

@@ -305,3 +305,22 @@ def resume_target(run_dir: Path, manifest: dict, order: list[str], failed_lab: s
     if bad:
         return bad[0], f"  {bad[0]}'s results in this run no longer validate ({bad[1]}), so the run goes on from it\n"
     return stop, ""
+
+
+def parameters_differ(lab_dir: Path, notebook: Path, given: dict) -> str:
+    """Why a reused lab's results are not what `given` (this profile's parameters for it) would compute ("" when
+    they are, or when its executed notebook does not record them): a result of other sizes, models or settings
+    would sit in the new run under this profile's name."""
+    from ci.profile_schema import lab_params
+
+    executed = sorted(Path(lab_dir).glob("*.ipynb"))
+    try:
+        ran = json.loads(executed[0].read_text(encoding="utf-8"))["metadata"]["papermill"]["parameters"]
+    except (IndexError, OSError, ValueError, KeyError, TypeError):
+        return ""
+    defaults = {k: v["default"] for k, v in lab_params(notebook).items()}
+    then, now = {**defaults, **ran}, {**defaults, **given}
+    diff = [f"{k}={then.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(then) | set(now))
+            if k not in ("run_dir", "profile") and then.get(k) != now.get(k)]
+    return (f"it ran with other parameters than this profile gives it ({'; '.join(diff)}), so its results are not "
+            "this profile's: resume with the profile that made that run, or rerun that lab" if diff else "")

@@ -241,3 +241,24 @@ def test_a_finished_lab_kernel_is_shut_down_without_an_interrupt():
     assert signal.SIGINT in sent and not alive           # what the override is for (gone if jupyter_client changes)
     sent, alive = _signals_sent_at_shutdown(chain.kernel_manager_class())
     assert signal.SIGINT not in sent and not alive
+
+
+def test_resume_refuses_labs_another_profile_computed(tmp_path, labs, capsys):
+    """--resume with a profile whose parameters for a reused lab differ would file that lab's results (other
+    sizes, models, settings) under this profile's name: refused, nothing run, the differing parameter named."""
+    from bad_input_table import record
+
+    first = chain.run_chain(profile(tmp_path), labs=chain.discover_labs(labs), runs_dir=tmp_path / "runs")
+    other = {**profile(tmp_path), "name": "other", "params": {"size": 3}}
+    before = sorted((tmp_path / "runs").iterdir())
+    with pytest.raises(chain.ChainError) as err:
+        chain.run_chain(other, labs=chain.discover_labs(labs), start_from="02_b", resume_from=first,
+                        runs_dir=tmp_path / "runs")
+    msg = record("resume", "--resume reusing a lab that ran with other parameters than this profile gives it",
+                 str(err.value))
+    assert "01_a cannot be reused" in msg and "size=7 there, 3 here" in msg and "nothing was run" in msg, msg
+    assert sorted((tmp_path / "runs").iterdir()) == before
+    renamed = {**profile(tmp_path), "name": "renamed"}       # the same parameters under another name: reused
+    again = chain.run_chain(renamed, labs=chain.discover_labs(labs), start_from="02_b", resume_from=first,
+                            runs_dir=tmp_path / "runs")
+    assert json.loads((again / "run.json").read_text())["labs"][0]["status"] == "reused"

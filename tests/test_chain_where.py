@@ -105,3 +105,26 @@ def test_triton_compiled_without_a_gpu_says_set_triton_interpret(tmp_path, capsy
 def test_a_kernel_that_is_not_installed(tmp_path, capsys, cpu_box):
     err = _refused(tmp_path, capsys, lambda p: p.update(kernel="python9"), "kernel: a Jupyter kernel not installed")
     assert "kernel" in err and "python3" in err
+
+
+@pytest.mark.parametrize("name, value, case", [
+    ("QUANTLAB_GPU_MEMORY_GIB", "24GB", "env QUANTLAB_GPU_MEMORY_GIB: 24GB (not a number)"),
+    ("QUANTLAB_GPU_MEMORY_GIB", "nan", "env QUANTLAB_GPU_MEMORY_GIB: nan"),
+    ("QUANTLAB_GPTQ_BACKEND", "marlin", "env QUANTLAB_GPTQ_BACKEND: marlin (not a kernel name)"),
+    ("QUANTLAB_PEAKS_DIR", "FILE", "env QUANTLAB_PEAKS_DIR: a file, not a folder"),
+])
+def test_a_bad_quantlab_variable_is_refused_before_any_lab(tmp_path, capsys, cpu_box, name, value, case):
+    """A lab kernel reads these late, or (the cap, in sitecustomize) drops an error and runs uncapped."""
+    if value == "FILE":
+        (tmp_path / "afile").write_text("")
+        value = str(tmp_path / "afile")
+    err = _refused(tmp_path, capsys, lambda p: p["env"].update({name: value}), case)
+    assert f"env.{name}" in err, err
+
+
+def test_a_bad_quantlab_variable_in_the_shell_is_named_as_such(monkeypatch):
+    from ci.machine import env_problems
+    assert env_problems({"env": {}}, {"QUANTLAB_GPU_MEMORY_GIB": "-3"}) == [
+        "$QUANTLAB_GPU_MEMORY_GIB (this shell's environment): QUANTLAB_GPU_MEMORY_GIB='-3' must be a finite number "
+        "of GiB > 0, e.g. 24; unset it for no cap"]
+    assert env_problems({"env": {"QUANTLAB_GPU_MEMORY_GIB": 24}}, {"QUANTLAB_GPTQ_BACKEND": "Gptq_Torch"}) == []

@@ -154,7 +154,10 @@ def test_bad_run_settings_fail_before_any_output(tmp_path):
                      ({"backend": "nope"}, "backend"), ({"batch_size": 0}, "batch_size"),
                      ({"batch_size": "auto:x"}, "batch_size"), ({"max_batch_size": 0}, "max_batch_size"),
                      ({"max_length": 100, "max_gen_toks": 200}, "max_length"),
-                     ({"backend": "vllm", "decode": "compiled"}, "decode"), ({"bach_size": 4}, "bach_size")):
+                     ({"backend": "vllm", "decode": "compiled"}, "decode"), ({"bach_size": 4}, "bach_size"),
+                     ({"apply_chat_template": "False"}, "apply_chat_template"), ({"shard": "no"}, "shard"),
+                     ({"fewshot_as_multiturn": True}, "fewshot_as_multiturn"), ({"dtype": "bf16"}, "dtype"),
+                     ({"decode": "fast"}, "decode"), ({"device": ""}, "device")):
         with pytest.raises(ev.EvalInputError, match=f"^{name}: ") as err:
             EvalSettings.from_params(**kw)
         record("evaluation settings", f"{kw}", str(err.value))

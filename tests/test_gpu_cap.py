@@ -44,9 +44,14 @@ def test_cap_sets_the_fraction_on_every_gpu_and_is_a_no_op_without_one(monkeypat
         assert not off["applied"] and "no CUDA/ROCm GPU" in off["reason"]
     monkeypatch.delenv(gpu_cap.CAP_ENV, raising=False)
     assert not gpu_cap.apply_cap()["applied"]
-    for bad in ("24GB", "-1"):
+    for bad in ("24GB", "-1", "nan", "inf"):   # NaN passed `<= 0` and reached the memory fraction
+        cuda = FakeCuda()
         with pytest.raises(ValueError, match=gpu_cap.CAP_ENV):
-            gpu_cap.apply_cap(bad, torch_module=SimpleNamespace(cuda=FakeCuda()))
+            gpu_cap.apply_cap(bad, torch_module=SimpleNamespace(cuda=cuda))
+        assert cuda.calls == []
+    monkeypatch.setenv(gpu_cap.CAP_ENV, "24 GiB")   # the sharded path reads the same variable, the same way
+    with pytest.raises(ValueError, match=gpu_cap.CAP_ENV):
+        gpu_cap.shard_memory()
 
 
 def test_every_kernel_the_chain_starts_runs_the_hook(tmp_path):

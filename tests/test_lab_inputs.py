@@ -1,5 +1,6 @@
 """What a lab reads from earlier labs: the model folders and the GSM8K questions."""
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -55,3 +56,29 @@ def test_capture_does_not_import_divergence():
             "c.compare_captures(c.Capture(t, m), c.Capture(dict(t), m))\n"
             "assert 'utils.divergence' not in sys.modules, 'compare_captures imported utils.divergence'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_empty_quantlab_folders_mean_unset_not_the_current_folder(monkeypatch, tmp_path):
+    """Path("") is the current folder: a notebook's own lab folder would fill with runs or model snapshots."""
+    from utils import fetch, runs
+    monkeypatch.setenv("QUANTLAB_RUNS", "")
+    monkeypatch.setenv("QUANTLAB_MODELS", " ")
+    assert runs.runs_root() == runs.REPO_ROOT / "runs"
+    assert fetch.default_cache_dir() == Path.home() / ".cache" / "quant-lab" / "models"
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"cache_dir": "FILE"}, r"cache_dir: .*afile is a file, not a folder"),
+    ({"revision": ""}, r"revision: '' must name a modelscope revision"),
+    ({"timeout_s": float("nan")}, r"fetch_timeout_s: nan must be a finite number of seconds > 0"),
+    ({"timeout_s": "60"}, r"fetch_timeout_s: '60' must be a finite number"),
+])
+def test_fetch_settings_of_a_hub_model_are_checked_before_any_folder_is_made(tmp_path, kw, message):
+    from utils import fetch
+    (tmp_path / "afile").write_text("")
+    kw = {"cache_dir": tmp_path / "cache", **kw}
+    if kw["cache_dir"] == "FILE":
+        kw["cache_dir"] = tmp_path / "afile"
+    with pytest.raises(fetch.FetchError, match=message):
+        fetch.resolve_model("Qwen/Qwen2.5-7B-Instruct", "golden", offline=False, **kw)
+    assert not (tmp_path / "cache").exists()

@@ -122,3 +122,76 @@ def test_platform_tolerance_rows_end_with_the_reported_rocm_case():
     rows = checks.platform_tolerance_rows([trip], 100.0)
     assert rows[0]["pair"] == "cpu -> cpu (torch.save)" and rows[0]["derived check"] == "pass"
     assert rows[-1]["max abs diff"] == checks.ROCM_REPORTED_MAX_ABS and rows[-1]["derived bound (rel L2)"] == 1e-5
+
+
+# planted faults: the verdict must fail and name the place ------------------------------------------
+
+def _fp16_acc(a, b, **kw):
+    return numerics.chunked_matmul(a, b, torch.float16 if a.dtype == torch.float16 else torch.float32).to(a.dtype)
+
+
+def _edit(fn):
+    def faulty(a, b, **kw):
+        c = REAL_MATMUL(a, b, **kw)
+        fn(c, a, b, kw)
+        return c
+    return faulty
+
+
+REAL_MATMUL = checks.kernels.matmul
+GEMM_FAULTS = {  # name: (the faulty matmul, what the verdict must name)
+    "transposed B (square)": (lambda a, b, **kw: REAL_MATMUL(a, b.t().contiguous(), **kw), "elements outside"),
+    "last tile misses the K tail": (_edit(lambda c, a, b, kw: c[-32:, -32:].copy_(
+        REAL_MATMUL(a[-32:, :-8].contiguous(), b[:-8, -32:].contiguous(), **kw))), "tiles (row, col) of 32x32: (1, 1)"),
+    "one element 1% off": (_edit(lambda c, a, b, kw: c[7, 9].mul_(1.01)), "first [7, 9]"),
+    "a NaN in one element": (_edit(lambda c, a, b, kw: c[3, 5].fill_(float("nan"))), "first [3, 5] (not finite)"),
+    "one row 1% off": (_edit(lambda c, a, b, kw: c[5].mul_(1.01)), "rows 5,"),
+    "+1 ULP on every element": (lambda a, b, **kw: numerics.next_up(REAL_MATMUL(a, b, **kw)), "systematic"),
+    "an fp16 accumulator": (_fp16_acc, "elements outside"),
+}
+
+
+@pytest.fixture(scope="module")
+def square():
+    gen = torch.Generator().manual_seed(3)
+    return torch.randn(64, 64, generator=gen), torch.randn(64, 64, generator=gen)
+
+
+def test_the_gemm_verdict_passes_the_kernel_as_it_is(square):
+    A, B = square
+    _, outs = checks.gemm_precision(A, B, "cpu")
+    assert checks.gemm_verdict(A, B, outs)["verdict"] == "ok"
+
+
+@pytest.mark.parametrize("fault", list(GEMM_FAULTS))
+def test_a_planted_gemm_fault_fails_the_verdict_naming_where(square, monkeypatch, fault):
+    """Faults a global relative L2 averages away (one element, one row, one ULP of bias, an fp16 accumulator)
+    fail the element-by-element verdict, which names the case, element, rows, columns and tile."""
+    A, B = square
+    matmul, named = GEMM_FAULTS[fault]
+    monkeypatch.setattr(checks.kernels, "matmul", matmul)
+    _, outs = checks.gemm_precision(A, B, "cpu")
+    verdict = checks.gemm_verdict(A, B, outs)
+    assert verdict["verdict"] == "fail" and verdict["detail"].startswith("fp16: ") and named in verdict["detail"], verdict
+
+
+def test_a_planted_grouped_fault_names_the_group(monkeypatch):
+    groups, real = [8, 0, 12, 4], checks.kernels.grouped_matmul
+    assert checks.grouped_verdict(groups, "cpu", torch.Generator().manual_seed(0), k=64, n=16)["verdict"] == "ok"
+
+    def wrong_weights(a, b, offs, **kw):               # group 2 multiplied by group 3's matrix
+        c = real(a, b, offs, **kw)
+        c[8:20] = a[8:20] @ b[3]
+        return c
+    monkeypatch.setattr(checks.kernels, "grouped_matmul", wrong_weights)
+    verdict = checks.grouped_verdict(groups, "cpu", torch.Generator().manual_seed(0), k=64, n=16)
+    assert verdict["verdict"] == "fail" and "rows 8, 9" in verdict["detail"] and "groups 2" in verdict["detail"], verdict
+
+
+def test_where_wrong_reads_unbiased_rounding_as_clean_and_a_small_scale_as_systematic():
+    gen = torch.Generator().manual_seed(4)
+    a, b = torch.randn(64, 256, generator=gen).half(), torch.randn(256, 64, generator=gen).half()
+    ref, bound = a.double() @ b.double(), numerics.elementwise_bound(a, b, torch.float16)
+    assert checks.where_wrong((a.float() @ b.float()).half(), ref, bound)["ok"]
+    scaled = checks.where_wrong((ref * (1 + 2**-11)).half(), ref, bound)   # half an fp16 ULP: every element within
+    assert scaled["bad"] == 0 and not scaled["ok"] and "systematic scale" in scaled["detail"]

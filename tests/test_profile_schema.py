@@ -117,6 +117,17 @@ def test_yaml_exponent_text_is_named_with_the_number_to_write(tmp_path, capsys, 
     (lambda p: p["labs"]["04_divergence"].update(cos_threshold=1.5), "cos_threshold above 1",
      "labs.04_divergence.cos_threshold"),
     (lambda p: p["labs"]["02_models"].update(n_problems=None), "n_problems: null", "labs.02_models.n_problems"),
+    (lambda p: p["labs"]["04_divergence"].update(cos_threshold=float("nan")), "cos_threshold: .nan",
+     "labs.04_divergence.cos_threshold"),
+    (lambda p: p["labs"]["01_env"].update(watch_seconds=float("inf")), "watch_seconds: .inf",
+     "labs.01_env.watch_seconds"),
+    (lambda p: p["labs"]["03_eval"].update(card_bandwidth_gbps=float("nan")), "card_bandwidth_gbps: .nan",
+     "labs.03_eval.card_bandwidth_gbps"),
+    (lambda p: p.update(cell_timeout_s=float("inf")), "cell_timeout_s: .inf", "cell_timeout_s"),
+    (lambda p: p["labs"]["01_env"].update(matmul_n=512.0), "matmul_n: 512.0 (a float)", "labs.01_env.matmul_n"),
+    (lambda p: p["labs"]["03_eval"].update(gpus=2.0), "gpus: 2.0 (a float)", "labs.03_eval.gpus"),
+    (lambda p: p["labs"]["05_kernels"].update(k_sweep=[64.0, 256]), "a k_sweep entry 64.0 (a float)",
+     "labs.05_kernels.k_sweep"),
 ])
 def test_a_bad_value_is_blamed_on_its_key(tmp_path, capsys, nothing_runs, edit, case, key):
     err = refused(tmp_path, capsys, variant(edit), case, key, "expected", "e.g.")

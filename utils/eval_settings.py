@@ -19,6 +19,9 @@ class EvalInputError(ValueError):
 ALIASES = {"gsm8k_limit": "limit", "shard": "parallelize"}
 BACKENDS = ("hf", "vllm", "local-completions")
 DECODES_HF_ONLY = "eager"        # every other decode mode drives the hf generate loop
+DECODES = ("eager", "compiled")  # utils.decode.DECODES, without importing torch here
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ALIASES_BACK = {v: k for k, v in ALIASES.items()}
 
 
 def _whole(value: Any) -> bool:
@@ -88,6 +91,19 @@ class EvalSettings:
         if self.backend not in BACKENDS:
             raise EvalInputError(f"backend: {self.backend!r} is not supported; use one of {list(BACKENDS[:2])} "
                                  "(or an endpoint, which utils.eval_endpoint runs as local-completions)")
+        for name in ("apply_chat_template", "fewshot_as_multiturn", "parallelize"):
+            if not isinstance(getattr(self, name), bool):   # "False" as text is truthy: a silent switch-on
+                raise EvalInputError(f"{ALIASES_BACK.get(name, name)}: {getattr(self, name)!r} must be True or False")
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise EvalInputError("fewshot_as_multiturn: True puts the few-shot examples in chat turns and needs "
+                                 "apply_chat_template = True; set both, or neither")
+        if self.dtype not in DTYPES:
+            raise EvalInputError(f"dtype: {self.dtype!r} is not one of {list(DTYPES)} (auto: the course's choice "
+                                 "per device and checkpoint)")
+        if self.decode not in DECODES:
+            raise EvalInputError(f"decode: {self.decode!r} is not one of {list(DECODES)}")
+        if not isinstance(self.device, str) or not self.device.strip():
+            raise EvalInputError(f"device: {self.device!r} must name a device, e.g. 'cpu' or 'cuda'")
         if self.backend != "hf" and self.decode != DECODES_HF_ONLY:
             raise EvalInputError(f"decode: {self.decode!r} applies to the hf backend only; backend "
                                  f"{self.backend!r} runs its own loop")

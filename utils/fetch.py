@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,8 +37,8 @@ class ConfigError(ValueError):
 
 
 def default_cache_dir() -> Path:
-    """$QUANTLAB_MODELS, else ~/.cache/quant-lab/models (give cache_dir on a box with a data disk)."""
-    return Path(os.environ.get("QUANTLAB_MODELS", Path.home() / ".cache" / "quant-lab" / "models"))
+    """$QUANTLAB_MODELS (empty: unset, not the notebook's folder), else ~/.cache/quant-lab/models."""
+    return Path(os.environ.get("QUANTLAB_MODELS", "").strip() or Path.home() / ".cache" / "quant-lab" / "models")
 
 
 def snapshot_dir(cache_dir: str | Path, model_id: str, revision: str = "master") -> Path:
@@ -182,6 +183,16 @@ def fallback_warning(results: dict | None) -> str:
            f"{models_summary(models)}"
 
 
+def _check_fetch_settings(cache_dir: Path, revision, timeout_s) -> None:
+    """cache_dir, revision and fetch_timeout_s of a hub fetch, before any folder is made under cache_dir."""
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise FetchError(f"cache_dir: {cache_dir} is a file, not a folder: give a folder, or leave it empty")
+    if not isinstance(revision, str) or not revision.strip():
+        raise FetchError(f"revision: {revision!r} must name a modelscope revision, e.g. 'master'")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise FetchError(f"fetch_timeout_s: {timeout_s!r} must be a finite number of seconds > 0, e.g. 3600")
+
+
 def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path | None = None,
                   revision: str = "master", timeout_s: float = 3600, fixture_fallback: bool = False,
                   fixture_paths: dict | None = None, command: list[str] | None = None) -> dict:
@@ -230,7 +241,8 @@ def resolve_model(spec: str, role: str, *, offline: bool, cache_dir: str | Path 
         raise FetchError(f"{param}: the folder {local} {what}. Give an existing model folder (config.json "
                          "and weights), 'fixture' for the course's own pair, or a modelscope id such as "
                          "Qwen/Qwen2.5-7B-Instruct.")
-    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    _check_fetch_settings(cache_dir, revision, timeout_s)
     cached = snapshot_dir(cache_dir, spec, revision)
     if is_complete(cached):
         return checked({"path": str(cached), "id": spec, "source": "modelscope", "note": f"cached in {cache_dir}"})

@@ -12,6 +12,7 @@ threads, compile workers) still leaves its record, at most one interval old.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import time
@@ -22,18 +23,28 @@ PEAKS_ENV = "QUANTLAB_PEAKS_DIR"
 GIB = 2**30
 
 
+def parse_cap(gib) -> float | None:
+    """$QUANTLAB_GPU_MEMORY_GIB as GiB (None when unset or empty); ValueError naming the variable otherwise.
+    NaN would pass `cap <= 0` and make a NaN memory fraction; inf would cap nothing without a word."""
+    if gib is None or str(gib).strip() == "":
+        return None
+    try:
+        cap = float(gib)
+    except (TypeError, ValueError):
+        raise ValueError(f"{CAP_ENV}={gib!r} is not a number of GiB: set it to the card's memory, e.g. 24, "
+                         "or unset it for no cap") from None
+    if not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"{CAP_ENV}={gib!r} must be a finite number of GiB > 0, e.g. 24; unset it for no cap")
+    return cap
+
+
 def apply_cap(gib: float | str | None = None, torch_module=None) -> dict:
     """Cap this process's torch GPU memory at `gib` GiB (default $QUANTLAB_GPU_MEMORY_GIB).
     Returns what was done; a machine without a CUDA/ROCm GPU, or no cap asked for, is a no-op."""
     gib = os.environ.get(CAP_ENV, "") if gib is None else gib
-    if gib in ("", None):
+    cap = parse_cap(gib)
+    if cap is None:
         return {"applied": False, "cap_gib": None, "reason": f"${CAP_ENV} not set"}
-    try:
-        cap = float(gib)
-    except ValueError:
-        raise ValueError(f"{CAP_ENV}={gib!r} is not a number of GiB (e.g. 24)") from None
-    if cap <= 0:
-        raise ValueError(f"{CAP_ENV}={gib!r} must be > 0 GiB")
     torch = torch_module or __import__("torch")
     if not torch.cuda.is_available():
         return {"applied": False, "cap_gib": cap, "reason": "no CUDA/ROCm GPU: nothing to cap"}
@@ -113,5 +124,5 @@ def shard_memory() -> dict:
     """lm-eval's parallelize=True plans accelerate's device map by each card's free memory; under the profile's
     cap ($QUANTLAB_GPU_MEMORY_GIB) torch may use only the cap, so the map is planned for the cap instead, less
     room for the KV cache and activations. No cap: lm-eval's own plan."""
-    cap = os.environ.get(CAP_ENV, "")
-    return {"max_memory_per_gpu": f"{float(cap) * SHARD_WEIGHTS_FRACTION:.1f}GiB"} if cap else {}
+    cap = parse_cap(os.environ.get(CAP_ENV))
+    return {"max_memory_per_gpu": f"{cap * SHARD_WEIGHTS_FRACTION:.1f}GiB"} if cap else {}

@@ -281,3 +281,99 @@ def platform_tolerance_rows(trips: list[dict], bound_db: float) -> list[dict]:
                     "max abs diff": ROCM_REPORTED_MAX_ABS, "atol 1e-5 / rtol 1.3e-6": "FAILED", "relative L2": None,
                     "derived bound (rel L2)": trips[0]["derived_bound"], "SQNR floor dB": bound_db,
                     "derived check": "needs the outputs"}]
+
+
+# ------------------------------------------------------------------- verdicts that name the place
+def where_wrong(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, tile: tuple[int, int] | None = None,
+                safety: float = 4.0, systematic: bool = True) -> dict:
+    """Elements of `out` [M, N] off float64 `ref` by more than their own error bound (numerics.elementwise_bound),
+    or not finite, and two systematic errors no single element shows: an offset (mean error) and a scale (mean
+    error along sign(ref)). Rounding to nearest is unbiased, so each mean must stay within safety * rms(bound) /
+    sqrt(n); a one-ULP bias on every element, or a scale of a few ULPs, passes every element's bound but not
+    this. A global relative L2 averages one wrong row, tile or element away; these name it. systematic=False
+    where a rounding is not to nearest (a tensor core's TF32 mode may truncate its inputs).
+
+    Returns {"ok", "bad", "n", "first", "rows", "cols", "tiles", "offset", "scale", "detail"}."""
+    o, r, b = out.detach().cpu().double(), ref.detach().cpu().double(), bound.detach().cpu().double()
+    err = o - r
+    bad = ~(err.abs() <= b)                                # NaN and Inf are never within a bound
+    n = err.numel()
+    idx = bad.nonzero().tolist()
+    finite = torch.isfinite(err)
+    limit = safety * b[finite].pow(2).mean().sqrt().item() / max(finite.sum().item(), 1) ** 0.5 if finite.any() else 0.0
+    offset = err[finite].mean().item() if finite.any() else 0.0
+    scale = (err * torch.sign(r))[finite].mean().item() if finite.any() else 0.0
+    out_d = {"n": n, "bad": len(idx), "first": tuple(idx[0]) if idx else None,
+             "rows": sorted({i for i, _ in idx}), "cols": sorted({j for _, j in idx}),
+             "tiles": sorted({(i // tile[0], j // tile[1]) for i, j in idx}) if tile else None,
+             "offset": offset, "scale": scale, "bias_limit": limit}
+    parts = []
+    if idx:
+        i, j = idx[0]
+        what = "not finite" if not torch.isfinite(o[i, j]) else f"off by {err[i, j].abs().item():.3g} > bound {b[i, j].item():.3g}"
+        parts.append(f"{len(idx)} of {n} elements outside their bound, first [{i}, {j}] ({what}); "
+                     f"rows {_span(out_d['rows'])}, columns {_span(out_d['cols'])}"
+                     + (f", tiles (row, col) of {tile[0]}x{tile[1]}: {_span(out_d['tiles'])}" if tile else ""))
+    if systematic and abs(offset) > limit:
+        parts.append(f"a systematic offset: mean error {offset:.3g}, above {limit:.3g} that unbiased rounding allows")
+    if systematic and abs(scale) > limit:
+        parts.append(f"a systematic scale: mean error along sign(ref) {scale:.3g}, above {limit:.3g} that unbiased "
+                     "rounding allows")
+    out_d["ok"] = not parts
+    out_d["detail"] = "; ".join(parts) or f"all {n} elements within their bound" + (
+        ", no systematic offset or scale" if systematic else "")
+    return out_d
+
+
+def _span(items: list, shown: int = 6) -> str:
+    return ", ".join(map(str, items[:shown])) + (f", ... ({len(items)} in all)" if len(items) > shown else "")
+
+
+def gemm_tile() -> tuple[int, int] | None:
+    """The tile of the last matmul: the interpreter's fixed one, else the autotuner's choice (None before one)."""
+    from .kernels.common import small_config
+    cfg = small_config() if kernels.interpreted() else getattr(kernels.matmul_tuned_config(), "kwargs", None)
+    return (cfg["BLOCK_M"], cfg["BLOCK_N"]) if cfg else None
+
+
+def gemm_verdict(A: torch.Tensor, B: torch.Tensor, outs: dict) -> dict:
+    """The lab's verdict on our GEMM: every case that ran (gemm_precision's outs) element by element against
+    float64 of its rounded inputs, within the bound of its dtype (case_bound's, per element); fail names the
+    case, the elements, rows, columns and tiles."""
+    failed, tile = [], gemm_tile()
+    for name, dt, prec in GEMM_CASES:
+        if name not in outs:
+            continue
+        ours, _, ref = outs[name]
+        a, b = A.to(dt), B.to(dt)
+        tf32 = name.split()[-1] == "tf32"
+        found = where_wrong(ours, ref, numerics.elementwise_bound(a, b, "tf32" if tf32 else dt), tile,
+                            systematic=not tf32)
+        if not found["ok"]:
+            failed.append(f"{name}: {found['detail']}")
+    return {"check": "Triton GEMM vs fp64", "verdict": "fail" if failed else "ok",
+            "detail": "; ".join(failed) if failed else
+            f"{len(outs)} cases, every element within its bound (numerics.elementwise_bound), no systematic error"}
+
+
+def grouped_verdict(groups: list[int], dev, gen: torch.Generator, k: int = 256, n: int = 128) -> dict:
+    """Every grouped GEMM of ours element by element against float64 of the same inputs, with the group of
+    each wrong row named (an empty group included: a kernel that writes into its neighbour's rows fails)."""
+    gdt = torch.float32 if kernels.interpreted() else torch.bfloat16
+    ga = torch.randn(sum(groups), k, generator=gen).to(dev, gdt)
+    gb = torch.randn(len(groups), k, n, generator=gen).to(dev, gdt)
+    offs = kernels.group_offsets(groups, dev)
+    a64, b64 = ga.double().cpu(), gb.double().cpu()
+    ref = kernels.grouped_matmul_loop(a64, b64, groups)
+    starts = torch.tensor([0] + list(groups)).cumsum(0).tolist()
+    bound = torch.cat([numerics.elementwise_bound(a64[s:e], b64[g], gdt) for g, (s, e)
+                       in enumerate(zip(starts[:-1], starts[1:])) if e > s] or [torch.zeros(0, n, dtype=torch.float64)])
+    failed = []
+    for name in kernels.grouped_kernels_here(ga, gb):
+        found = where_wrong(kernels.grouped_matmul(ga, gb, offs, kernel=name).cpu(), ref, bound)
+        if not found["ok"]:
+            rows = found["rows"]
+            group_of = sorted({next(g for g in range(len(groups)) if starts[g] <= i < starts[g + 1]) for i in rows})
+            failed.append(f"ours ({name}): {found['detail']}" + (f"; groups {_span(group_of)}" if rows else ""))
+    return {"check": "Triton grouped GEMM vs fp64", "verdict": "fail" if failed else "ok",
+            "detail": "; ".join(failed) if failed else f"groups {groups}: every element within its bound"}

@@ -23,8 +23,9 @@ class RunsDirError(OSError):
 
 
 def runs_root() -> Path:
-    """Where run folders live: $QUANTLAB_RUNS, else <repo>/runs."""
-    return Path(os.environ.get("QUANTLAB_RUNS", REPO_ROOT / "runs")).resolve()
+    """Where run folders live: $QUANTLAB_RUNS, else <repo>/runs. Empty counts as unset: Path("") is the
+    current folder, which for a notebook is its lab folder."""
+    return Path(os.environ.get("QUANTLAB_RUNS", "").strip() or REPO_ROOT / "runs").resolve()
 
 
 def new_run_dir(profile: str, root: str | os.PathLike | None = None, now: datetime | None = None) -> Path:
