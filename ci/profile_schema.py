@@ -7,7 +7,7 @@ enough, a spec in square brackets that opens the parameter's comment, e.g.
     batch_size = "auto"   # [int at least 1 or "auto"] lm-eval batch size
 
 A spec is alternatives joined by " or ": None, a quoted literal, int / float / str / bool with optional bounds
-(`float above 0 and at most 1`), or `list of <one of those>`. Bounds are words because papermill skips a
+(`float above 0 and at most 1`), or `[non-empty ]list of <those>`. Bounds are words because papermill skips a
 parameter line holding a second "=" (so `>=` would hide the parameter). Every error names the file, the line,
 the key, what was expected and an example (the notebook's own default, which must satisfy its spec).
 """
@@ -98,7 +98,10 @@ def _alternative(text: str) -> dict:
 
 
 def parse_spec(spec: str) -> dict:
-    """'int at least 1 or "auto"' -> a JSON schema."""
+    """'int at least 1 or "auto"' -> a JSON schema; '[non-empty ]list of X or Y' is a list of items X or Y."""
+    m = re.fullmatch(r"(non-empty )?list of (.+)", spec.strip())
+    if m:
+        return {"type": "array", "items": parse_spec(m.group(2)), **({"minItems": 1} if m.group(1) else {})}
     alts = [_alternative(a) for a in re.split(r"\s+or\s+", spec.strip())]
     return alts[0] if len(alts) == 1 else {"anyOf": alts}
 
@@ -387,3 +390,4 @@ def load_yaml(path: Path):
                            f"e.g.\n{_ROOT_EXAMPLE}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"profile {path} cannot be read ({exc})") from exc
+

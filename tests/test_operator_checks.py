@@ -203,3 +203,13 @@ def test_the_mean_error_test_is_kept_for_additions_that_round_to_nearest(monkeyp
     assert checks.rounds_to_nearest(None) and checks.rounds_to_nearest("tf32")        # the interpreter: numpy
     monkeypatch.setattr(checks.kernels, "interpreted", lambda: False)
     assert [checks.rounds_to_nearest(prec) for _, _, prec in checks.GEMM_CASES] == [False, False, True, False, False]
+
+
+def test_groups_that_are_all_empty_are_refused_by_name():
+    """No row to multiply would make every error 0, a verdict of ok that checked nothing."""
+    from bad_input_table import record
+
+    with pytest.raises(ValueError) as err:
+        checks.grouped_errors([0, 0], "cpu", torch.Generator().manual_seed(0), k=16, n=8)
+    msg = record("lab parameters cell", "05_kernels: groups = [0, 0] (every group empty)", str(err.value))
+    assert msg.startswith("groups=[0, 0]: every group is empty") and "e.g. groups = [48, 0, 80, 16]" in msg

@@ -128,6 +128,9 @@ def test_yaml_exponent_text_is_named_with_the_number_to_write(tmp_path, capsys, 
     (lambda p: p["labs"]["03_eval"].update(gpus=2.0), "gpus: 2.0 (a float)", "labs.03_eval.gpus"),
     (lambda p: p["labs"]["05_kernels"].update(k_sweep=[64.0, 256]), "a k_sweep entry 64.0 (a float)",
      "labs.05_kernels.k_sweep"),
+    (lambda p: p["labs"]["05_kernels"].update(k_sweep=[]), "k_sweep: [] (an empty list)", "labs.05_kernels.k_sweep"),
+    (lambda p: p["labs"]["04_divergence"].update(capture_dtypes=["float64"]), "capture_dtypes: [float64]",
+     "labs.04_divergence.capture_dtypes"),
 ])
 def test_a_bad_value_is_blamed_on_its_key(tmp_path, capsys, nothing_runs, edit, case, key):
     err = refused(tmp_path, capsys, variant(edit), case, key, "expected", "e.g.")

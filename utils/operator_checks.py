@@ -137,6 +137,9 @@ def plot_accumulation(rows: list[dict]):
 def grouped_errors(groups: list[int], dev, gen: torch.Generator, k: int = 256, n: int = 128) -> tuple[dict, str | None]:
     """Every grouped GEMM that runs here (ours, the torch.matmul loop, torch._grouped_mm) against float64,
     on `groups` rows per group; and why torch._grouped_mm did not run, if it did not."""
+    if not sum(groups):
+        raise ValueError(f"groups={groups}: every group is empty, so there is no row to check (every error would "
+                         "read 0); give at least one group with rows, e.g. groups = [48, 0, 80, 16]")
     gdt = torch.float32 if kernels.interpreted() else torch.bfloat16
     ga = torch.randn(sum(groups), k, generator=gen).to(dev, gdt)
     gb = torch.randn(len(groups), k, n, generator=gen).to(dev, gdt)
