@@ -295,7 +295,8 @@ def where_wrong(out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, tile:
     sqrt(n); a one-ULP bias on every element, or a scale of a few ULPs, passes every element's bound but not
     this. A global relative L2 averages one wrong row, tile or element away; these name it. systematic=False
     where a rounding is not to nearest: tensor cores truncate inside their fp32 accumulation (Fasi et al. 2021,
-    "Numerical behavior of NVIDIA tensor cores"), a bias toward zero of about the limit at 2048x4096x2048.
+    "Numerical behavior of NVIDIA tensor cores"): a bias toward zero that grows with K while the limit shrinks
+    with the number of elements, so at a GPU profile's 2048x4096x2048 the hardware's own rounding could fail it.
 
     Returns {"ok", "bad", "n", "first", "rows", "cols", "tiles", "offset", "scale", "detail"}."""
     o, r, b = out.detach().cpu().double(), ref.detach().cpu().double(), bound.detach().cpu().double()
