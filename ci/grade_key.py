@@ -20,8 +20,11 @@ from pathlib import Path
 
 import nbformat
 
+from ci import sandbox
 from utils import exercises
 from utils.exercises import Case
+
+MAX_ANSWERS = 64 * 2**20
 
 
 @dataclass
@@ -144,14 +147,15 @@ def _case_failure(e: Exercise, i: int, got) -> str | None:
     return f"wrong on hidden case {k} of {len(e.hidden)}{shape} (the hand-made cases pass)"
 
 
-def score(e: Exercise, answers_path: Path, why_not_run: str = "") -> tuple[float, str]:
-    """(points, '' or why not full): the student's answers against the expected values, all computed here."""
-    if not answers_path.is_file():
-        return 0.0, why_not_run or "its function never ran on the cases"
+def score(e: Exercise, answers_path: Path, why_not_run: str = "", within: Path | None = None) -> tuple[float, str]:
+    """(points, '' or why not full): the student's answers against the expected values, all computed here.
+    The answers file is read only as a plain file under `within` (the sandbox's folder), no link followed."""
+    root = within or answers_path.parent
+    data, why = sandbox.read_back(root, answers_path.relative_to(root).as_posix(), MAX_ANSWERS)
+    if data is None:
+        return 0.0, (why_not_run or "its function never ran on the cases") if why == "is missing" else f"its answers file {why}"
     try:
-        if answers_path.stat().st_size > 64 * 2**20:
-            return 0.0, "its answers are larger than 64 MiB"
-        answers = exercises.decode(answers_path.read_text()).get("answers")
+        answers = exercises.decode(data.decode()).get("answers")
     except (ValueError, AttributeError, UnicodeDecodeError) as err:
         return 0.0, f"its answers could not be read ({err})"
     if isinstance(answers, dict):
