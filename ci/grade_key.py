@@ -25,6 +25,7 @@ from utils import exercises
 from utils.exercises import Case
 
 MAX_ANSWERS = 64 * 2**20
+MAX_WHY = 400
 
 
 @dataclass
@@ -149,7 +150,15 @@ def _case_failure(e: Exercise, i: int, got) -> str | None:
 
 def score(e: Exercise, answers_path: Path, why_not_run: str = "", within: Path | None = None) -> tuple[float, str]:
     """(points, '' or why not full): the student's answers against the expected values, all computed here.
-    The answers file is read only as a plain file under `within` (the sandbox's folder), no link followed."""
+    The answers file is read only as a plain file under `within` (the sandbox's folder), no link followed.
+    The reason is one line of at most MAX_WHY characters: it quotes what the student returned or raised, and
+    it goes into summary.md's table and the hand-back."""
+    pts, why = _score(e, answers_path, why_not_run, within)
+    why = " ".join(why.split())
+    return pts, why if len(why) <= MAX_WHY else why[:MAX_WHY - 3] + "..."
+
+
+def _score(e: Exercise, answers_path: Path, why_not_run: str, within: Path | None) -> tuple[float, str]:
     root = within or answers_path.parent
     data, why = sandbox.read_back(root, answers_path.relative_to(root).as_posix(), MAX_ANSWERS)
     if data is None:

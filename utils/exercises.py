@@ -318,7 +318,7 @@ def decode(obj: Any) -> Any:
     ValueError when it is not one."""
     try:
         return _walk(json.loads(obj) if isinstance(obj, str) else obj, 0)
-    except (KeyError, TypeError, IndexError, RecursionError) as e:
+    except (KeyError, TypeError, IndexError, RecursionError, RuntimeError, OverflowError) as e:   # torch refuses a forged shape
         raise ValueError(f"not an encoded value: {type(e).__name__}: {e}") from None
 
 
