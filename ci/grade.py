@@ -291,6 +291,8 @@ def _status(done, outcome, cell_timeout: int, timeout: float):
             why[("solution", sol_ex)] = f"{what} in its solution cell"
     if outcome.cut:
         status = f"cut at the {timeout:g} s submission limit"
+    elif outcome.limit:
+        status = outcome.limit
     elif outcome.returncode:
         status = f"the sandbox failed (exit {outcome.returncode}): {outcome.log.strip().splitlines()[-1:] or ''}"
     else:

@@ -33,6 +33,12 @@ from typing import Callable
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("auto", "bwrap", "none")
 FILE_LIMIT = 256 * 2**20          # bytes: the largest file a submission may write
+MEMORY_LIMIT = 4 * 2**30          # bytes of address space per process: a lab's kernel peaks near 1.4 GiB
+MAX_PROCS = 64                    # processes at once: a fork bomb is stopped (RLIMIT_NPROC does not bind root)
+MAX_DISK = 2**30                  # bytes a submission may leave in its folder (the grader's disk)
+MAX_FILES = 20_000                # files and folders it may leave there
+TMPFS = 256 * 2**20               # bytes of /tmp and of /dev/shm in bwrap: they live in the machine's memory
+WATCH_EVERY = 0.25                # seconds between two looks at the sandbox's processes and folder
 LOG_TAIL = 4000                   # bytes of the sandbox's stdout kept: a flood must not fill the grader's memory
 REQUEST = b"quantlab: the cases, please"   # the driver's line asking for the cases, followed by the run's nonce
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "hosts", "nsswitch.conf", "passwd", "group")
@@ -124,12 +130,13 @@ def _bwrap_argv(work: Path, code: Path) -> list[str]:
     for name in ETC:                      # what the loader, Python and the kernel need of /etc, no more
         if os.path.exists(f"/etc/{name}"):
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--tmpfs", "/tmp"]           # before the binds below: a venv in a clone under /tmp stays visible
+    argv += ["--size", str(TMPFS), "--tmpfs", "/tmp"]   # before the binds below: a venv in a clone under /tmp stays visible
     prefixes = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
     for p in sorted(prefixes):
         if not p.startswith("/usr/"):
             argv += ["--ro-bind", p, p]
     argv += ["--ro-bind", str(code), "/course", "--bind", str(work), "/submission", "--dev", "/dev",
+             "--size", str(TMPFS), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",   # /dev itself is memory too
              "--proc", "/proc", "--chdir", "/submission"]
     for knob in ("/proc/sys", "/proc/sysrq-trigger"):   # the kernel's settings: the owner's to write, and root is the owner
         argv += ["--ro-bind-try", knob, knob]
@@ -145,11 +152,70 @@ class Outcome:
     cut: bool
     log: str
     inputs_sent: bool = False
+    limit: str = ""          # the limit it was stopped at, if any
 
 
 def _limits():
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _tree(root: int) -> list[int]:
+    """root and every process under it (a pid namespace's processes all are), from /proc."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            kids.setdefault(int(st[st.rindex(b")") + 2:].split()[1]), []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += kids.get(pid, [])
+    return out
+
+
+def _folder_over(work: Path) -> str:
+    """Why the submission's folder is over its limits, or ''. Links are counted, never followed."""
+    used, n, todo = 0, 0, [str(work)]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            n += 1
+            try:
+                used += e.stat(follow_symlinks=False).st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)
+            except OSError:
+                continue
+            if n > MAX_FILES:
+                return f"more than {MAX_FILES:,} files in its folder"
+            if used > MAX_DISK:
+                return f"more than {MAX_DISK / 2**20:g} MiB written to its folder"
+    return ""
+
+
+def _watch(p: subprocess.Popen, work: Path, done: threading.Event, why: list[str]) -> None:
+    """Stop the sandbox, every process in it, at MAX_PROCS processes or past its folder's limits."""
+    while not done.wait(WATCH_EVERY):
+        pids = _tree(p.pid)
+        over = (f"more than {MAX_PROCS} processes at once" if len(pids) > MAX_PROCS else "") or _folder_over(work)
+        if over:
+            why.append(over)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return
 
 
 def run(mode: str, work: Path, code: Path, stdin: str, timeout: float,
@@ -185,6 +251,9 @@ def run(mode: str, work: Path, code: Path, stdin: str, timeout: float,
             del tail[:-LOG_TAIL]
 
     reader = threading.Thread(target=pump, daemon=True)
+    done, over = threading.Event(), []
+    watcher = threading.Thread(target=_watch, args=(p, work, done, over), daemon=True)
+    watcher.start()
     try:
         p.stdin.write(nonce + b"\n")
         p.stdin.flush()
@@ -200,8 +269,11 @@ def run(mode: str, work: Path, code: Path, stdin: str, timeout: float,
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        done.set()
+        watcher.join(10)
         reader.join(10)
-    return Outcome(None if cut else p.returncode, cut, tail.decode(errors="replace"), sent.is_set())
+    return Outcome(None if cut else p.returncode, cut, tail.decode(errors="replace"), sent.is_set(),
+                   f"stopped at its limit: {over[0]}" if over else "")
 
 
 def read_back(work: Path, rel: str, limit: int) -> tuple[bytes | None, str]:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -88,3 +89,44 @@ def test_a_reason_is_one_short_line(tmp_path, key01):
                     [{"value": fake_row}] * n):
         pts, why = grade_key.score(e, _answers(tmp_path / "a.json", answers))
         assert pts == 0.0 and "\n" not in why and len(why) <= grade_key.MAX_WHY, why[:300]
+
+
+# --- a submission's share of the machine, in bubblewrap: bounded stand-ins for a fork bomb, a memory blow-up
+# and a full disk (the real ones would hurt the machine that runs this test) ---------------------------------
+
+ATTACKS = {
+    "forks": ("import os, time\nfor i in range(100):\n    if os.fork() == 0:\n        time.sleep(20)\n        os._exit(0)\n"
+              "print('FORKED 100', flush=True)\ntime.sleep(20)\n"),
+    "maps": ("import mmap\ntry:\n    m = mmap.mmap(-1, 6 << 30)   # address space only: nothing is touched\n"
+             "    print('MAPPED 6 GiB')\nexcept (OSError, MemoryError) as e:\n    print('REFUSED', type(e).__name__)\n"),
+    "fills_folder": ("import os, time\nchunk = b'x' * (8 << 20)\nfor i in range(40):\n"
+                     "    with open(f'/submission/f{i}', 'wb') as f:\n        f.write(chunk)\n        os.fsync(f.fileno())\n"
+                     "print('WROTE 320 MiB', flush=True)\ntime.sleep(20)\n"),
+    "fills_memory": ("for where in ('/tmp', '/dev/shm', '/dev'):\n    try:\n        for i in range(5):   # 320 MiB of RAM\n"
+                     "            with open(f'{where}/big{i}', 'wb') as f:\n                f.write(b'x' * (64 << 20))\n"
+                     "        print('FILLED', where)\n    except OSError as e:\n        print('REFUSED', where, e.strerror)\n"),
+}
+
+
+@pytest.mark.parametrize("what", list(ATTACKS))
+def test_a_submission_cannot_take_the_machine(tmp_path, monkeypatch, what):
+    if not sandbox.bwrap_path():
+        pytest.skip("bubblewrap is not installed here")
+    monkeypatch.setattr(sandbox, "MAX_PROCS", 32)
+    monkeypatch.setattr(sandbox, "MAX_DISK", 100 * 2**20)
+    monkeypatch.setattr(sandbox, "TMPFS", 64 * 2**20)
+    code, work = tmp_path / "code", tmp_path / "work"
+    code.mkdir()
+    work.mkdir()
+    (code / "grade_driver.py").write_text(ATTACKS[what])
+    t0 = time.perf_counter()
+    o = sandbox.run("bwrap", work, code, "{}", 60)
+    assert not o.cut and time.perf_counter() - t0 < 15, o.log      # stopped, not left to sleep its 20 s
+    if what == "forks":
+        assert "more than 32 processes at once" in o.limit, (o.log, o.limit)
+    elif what == "maps":
+        assert "REFUSED" in o.log, o.log
+    elif what == "fills_folder":
+        assert "more than 100 MiB written to its folder" in o.limit, (o.log, o.limit)
+    else:
+        assert "FILLED" not in o.log and o.log.count("REFUSED") == 3, o.log
