@@ -38,6 +38,8 @@ LABS_DIR = REPO_ROOT / "labs"
 COURSE_ID = "quant-lab"
 INSTRUCTOR_MARK = "> **Instructor's copy"     # a markdown line the release leaves out
 MAX_NOTEBOOK = 20 * 2**20
+MAX_STUDENT_BYTES = 5 * MAX_NOTEBOOK   # notebooks read per student folder: each is parsed here, before any time limit
+MAX_ENTRIES = 200              # entries of a student's folder looked at (each may add a note to the row)
 MAX_EXECUTED = 32 * 2**20      # the notebook the sandbox writes back: the student's plus capped outputs
 
 CONFIG = """\
@@ -158,9 +160,16 @@ def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
     if folder.name.startswith("-") or folder.name != folder.name.strip():
         notes.append(f"the name {folder.name!r} would be read as an option by nbgrader's command line: graded "
                      f"under this name (with nbgrader itself, write --student={folder.name})")
-    files = list(_files(folder))
+    files, budget = [], MAX_STUDENT_BYTES
+    for f in _files(folder):
+        if len(files) == MAX_ENTRIES:
+            notes.append(f"not looked at: more than {MAX_ENTRIES} entries in the folder")
+            break
+        files.append(f)
     if not files:
         notes.append("empty folder: nothing submitted")
+    # the notebooks named for a lab are read first: a hoard of copies cannot crowd them out
+    files.sort(key=lambda f: (f.suffix != ".ipynb" or f.stem not in ids, str(f)))
     for f in files:
         rel = f.relative_to(folder).as_posix()
         if f.is_symlink():
@@ -176,8 +185,13 @@ def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
             notes.append(f"{rel}: not a notebook, not graded")
             continue
         try:
-            if f.stat().st_size > MAX_NOTEBOOK:
+            size = f.stat().st_size
+            if size > MAX_NOTEBOOK:
                 raise ValueError(f"larger than {MAX_NOTEBOOK >> 20} MiB")
+            if size > budget:
+                notes.append(f"{rel}: not read: the folder's notebooks pass {MAX_STUDENT_BYTES / 2**20:g} MiB")
+                continue
+            budget -= size
             nb = nbformat.read(f, as_version=4)
             lab = _lab_of(nb, ids) or (f.stem if f.stem in ids else None)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a row note, never an abort

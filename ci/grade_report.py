@@ -77,11 +77,14 @@ def hand_back(ran, course: Path, lab: str, student: str, result: dict) -> Path:
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    """grades.csv. The notes quote the students' file names: one starting with = + - @ would be a formula
+    in a spreadsheet, so such a note starts with ' (as spreadsheets write text)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, ["student", *columns, "total", "notes"], restval="")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows([{**r, "notes": "'" + r["notes"]} if str(r.get("notes", ""))[:1] in tuple("=+-@\t\r") else r
+                     for r in rows])
     os.replace(tmp, path)
 
 
