@@ -252,6 +252,8 @@ def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, ce
             if pts < e.points and why_cell.get(("solution", ex)):
                 why = why_cell[("solution", ex)]
             exs[ex] = (pts, e.points, why)
+        for ex, why in grade_key.copied_references(ran, key).items():
+            exs[ex] = (0.0, key[ex].points, why)
         result = {"student": student, "lab": lab, "status": status, "exercises": exs, "notes": notes}
     except Exception as e:  # noqa: BLE001 - one submission's failure is its row, never the round's
         result = {"student": student, "lab": lab, "status": f"grader error: {type(e).__name__}: {e}",

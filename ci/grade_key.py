@@ -15,6 +15,7 @@ import copy
 import functools
 import json
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,6 +128,34 @@ def cells_to_run(student_nb, release_nb, key: dict[str, Exercise]) -> tuple[obje
     nb = nbformat.v4.new_notebook(metadata=copy.deepcopy(release_nb.metadata))
     nb.cells = cells
     return nb, notes
+
+
+def copied_references(ran, key: dict[str, Exercise]) -> dict[str, str]:
+    """{exercise: why} for each exercise whose reference's code is in the student's cells, pasted whole: the
+    copy the home check refuses when it runs (exercises.code_signature). In the sandbox the reference is a
+    stub, so the look is here, on the cells' text: compiled, never run."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    sigs: dict[tuple, list[str]] = {}
+    for ex, e in key.items():
+        ref = e.reference.func if isinstance(e.reference, functools.partial) else e.reference
+        if getattr(ref, "__code__", None) is not None:
+            sigs.setdefault(exercises.code_signature(ref.__code__), []).append(ex)
+    found: dict[str, str] = {}
+    for c in ran.cells:
+        if c.metadata.get("quantlab", {}).get("role") not in ("solution", "helper"):
+            continue
+        try:
+            todo = [compile(TransformerManager().transform_cell(c.source), "<cell>", "exec", dont_inherit=True)]
+        except Exception:  # noqa: BLE001 - a cell that cannot compile cannot run either: it fails in the sandbox
+            continue
+        while todo:
+            co = todo.pop()
+            for ex in sigs.get(exercises.code_signature(co), []):
+                found[ex] = (exercises.reference_used(_named(key[ex].function), key[ex].reference)
+                             + " (a copy of its code is in the notebook)")
+            todo += [k for k in co.co_consts if isinstance(k, types.CodeType)]
+    return found
 
 
 def inputs_for(key: dict[str, Exercise]) -> str:

@@ -9,13 +9,16 @@ One round over Lab 01, run once for the module: honest solutions each, plus one 
 - `floods_outputs` displays 40 MB in one cell: the hand-back stays readable.
 - `remounts` tries to make its read-only system writable and looks at the kernel's settings: when the
   grader runs as root, the sandbox's root must hold no capability and see /proc/sys read-only.
+- `pastes_ref` pastes the reference's source (students have utils/ at home) as its solution.
 `zz_honest`, graded last, scores full marks: the round goes on.
 """
+import inspect
 import json
 
 import pytest
 
 from ci import sandbox
+from utils import formulas
 from tests.grading_helpers import (add_helper, assert_one_record, handback, lab01, outputs_text, run_round, save,
                                    set_solution)
 
@@ -77,6 +80,7 @@ def escapes(tmp_path_factory):
                              "print('REMOUNT', 'done' if r.returncode == 0 else 'refused')\n"
                              "print('SYSCTL', 'writable' if os.access('/proc/sys/kernel/core_pattern', os.W_OK) else 'read-only')"),
          subs, "remounts")
+    save(set_solution(lab01(), "ridge_point", inspect.getsource(formulas.ridge_point)), subs, "pastes_ref")
     save(lab01(), subs, "zz_honest")
     graded = run_round(subs, base / "out", "--labs", "01_env", "--sandbox", "bwrap", "--cell-timeout", "30")
     graded["secret"] = secret
@@ -126,6 +130,12 @@ def test_no_capability_and_the_kernels_settings_read_only(escapes):
     text = outputs_text(handback(escapes["out"], "remounts"))
     assert "CapEff:\\t0000000000000000" in text, text
     assert "REMOUNT refused" in text and "SYSCTL read-only" in text, text
+
+
+def test_a_pasted_reference_scores_zero(escapes):
+    assert assert_one_record(escapes, "pastes_ref") == dict(_full(), ridge_point=0.0)
+    first = handback(escapes["out"], "pastes_ref").cells[0].source
+    assert "calls the course's reference utils.formulas.ridge_point" in first, first
 
 
 def test_the_round_goes_on(escapes):
