@@ -11,6 +11,7 @@ is right; stderr output and the visible checks' own verdicts count for nothing.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import functools
 import json
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import torch
 
 from ci import sandbox
 from utils import exercises
@@ -173,8 +175,23 @@ def _case_failure(e: Exercise, i: int, got) -> str | None:
     if i < len(e.visible):
         return f"wrong on case {case.describe()}: {why}" + exercises.hint_for(case, got)
     k = i - len(e.visible) + 1
+    if why.startswith("expected a"):                # never what came back: it may be the hidden case itself
+        why = f"{why.split(', got ')[0]}, got {_kind(got)}"
     shape = f": {why}" if why.startswith(("shape", "dtype", "expected a", "missing key")) else ""
     return f"wrong on hidden case {k} of {len(e.hidden)}{shape} (the hand-made cases pass)"
+
+
+def _kind(x) -> str:
+    """The type of an answer, named only when the course names it (a student's class name is its own text)."""
+    t = type(x)
+    return t.__name__ if t in (type(None), bool, int, float, str, list, tuple, dict, torch.Tensor, torch.dtype) \
+        else "another kind of object"
+
+
+def _exception(name) -> str:
+    """An exception's name as the hand-back says it on a hidden case: Python's own, or no name."""
+    return name if isinstance(name, str) and isinstance(getattr(builtins, name, None), type) \
+        and issubclass(getattr(builtins, name), BaseException) else "an exception"
 
 
 def score(e: Exercise, answers_path: Path, why_not_run: str = "", within: Path | None = None) -> tuple[float, str]:
@@ -211,6 +228,8 @@ def _score(e: Exercise, answers_path: Path, why_not_run: str, within: Path | Non
             if a["error"] == "NotImplementedError":
                 return 0.0, exercises.NOT_DONE
             where = cases[i].describe() if i < len(e.visible) else f"hidden case {i - len(e.visible) + 1}"
+            if i >= len(e.visible):                   # its message may hold the hidden case
+                return 0.0, f"raised {_exception(a['error'])} on {where} of {len(e.hidden)} (the hand-made cases pass)"
             return 0.0, f"raised {a['error']}: {str(a.get('message'))[:200]} on case {where}"
         why = _case_failure(e, i, a.get("value"))
         if why:

@@ -130,3 +130,13 @@ def test_a_submission_cannot_take_the_machine(tmp_path, monkeypatch, what):
         assert "more than 100 MiB written to its folder" in o.limit, (o.log, o.limit)
     else:
         assert "FILLED" not in o.log and o.log.count("REFUSED") == 3, o.log
+
+
+@pytest.mark.parametrize("hidden", [{"value": "(312.0, 2039.0)"}, {"value": ["(312.0, 2039.0)"]},
+                                    {"error": "ValueError", "message": "(312.0, 2039.0)"}])
+def test_a_reason_on_a_hidden_case_echoes_nothing_of_the_students(tmp_path, key01, hidden):
+    """What a function returns or raises on a hidden case may be the case itself: the hand-back shows the reason."""
+    e = key01["ridge_point"]
+    answers = [{"value": c.expected} for c in e.visible] + [hidden] * len(e.hidden)
+    pts, why = grade_key.score(e, _answers(tmp_path / "a.json", answers))
+    assert pts == 0.0 and "hidden case 1 of" in why and "2039" not in why, why
