@@ -309,6 +309,8 @@ def _status(done, outcome, cell_timeout: int, timeout: float):
         status = f"cut at the {timeout:g} s submission limit"
     elif outcome.limit:
         status = outcome.limit
+    elif outcome.returncode and outcome.inputs_sent:   # what it printed then may be the hidden cases
+        status = f"the sandbox failed (exit {outcome.returncode}) while its functions ran on the cases"
     elif outcome.returncode:
         status = f"the sandbox failed (exit {outcome.returncode}): {outcome.log.strip().splitlines()[-1:] or ''}"
     else:

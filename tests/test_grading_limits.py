@@ -140,3 +140,14 @@ def test_a_reason_on_a_hidden_case_echoes_nothing_of_the_students(tmp_path, key0
     answers = [{"value": c.expected} for c in e.visible] + [hidden] * len(e.hidden)
     pts, why = grade_key.score(e, _answers(tmp_path / "a.json", answers))
     assert pts == 0.0 and "hidden case 1 of" in why and "2039" not in why, why
+
+
+def test_a_status_quotes_nothing_printed_after_the_cases_went_in():
+    """A student's kernel can print the hidden calls on the driver's stdout, then kill the driver: the
+    status (hand-back, grades.csv) would quote that last line."""
+    import nbformat
+
+    for sent in (False, True):
+        o = sandbox.Outcome(137, False, "Traceback ...\n(312.0, 2039.0)\n", inputs_sent=sent)
+        status, _ = grade._status(nbformat.v4.new_notebook(), o, 30, 300)
+        assert status.startswith("the sandbox failed (exit 137)") and ("2039" in status) is not sent, status
