@@ -38,6 +38,9 @@ LABS_DIR = REPO_ROOT / "labs"
 COURSE_ID = "quant-lab"
 INSTRUCTOR_MARK = "> **Instructor's copy"     # a markdown line the release leaves out
 MAX_NOTEBOOK = 20 * 2**20
+MAX_STUDENT_BYTES = 5 * MAX_NOTEBOOK   # notebooks read per student folder: each is parsed here, before any time limit
+MAX_ENTRIES = 200              # entries of a student's folder looked at (each may add a note to the row)
+MAX_EXECUTED = 32 * 2**20      # the notebook the sandbox writes back: the student's plus capped outputs
 
 CONFIG = """\
 c = get_config()  # noqa: F821
@@ -157,9 +160,16 @@ def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
     if folder.name.startswith("-") or folder.name != folder.name.strip():
         notes.append(f"the name {folder.name!r} would be read as an option by nbgrader's command line: graded "
                      f"under this name (with nbgrader itself, write --student={folder.name})")
-    files = list(_files(folder))
+    files, budget = [], MAX_STUDENT_BYTES
+    for f in _files(folder):
+        if len(files) == MAX_ENTRIES:
+            notes.append(f"not looked at: more than {MAX_ENTRIES} entries in the folder")
+            break
+        files.append(f)
     if not files:
         notes.append("empty folder: nothing submitted")
+    # the notebooks named for a lab are read first: a hoard of copies cannot crowd them out
+    files.sort(key=lambda f: (f.suffix != ".ipynb" or f.stem not in ids, str(f)))
     for f in files:
         rel = f.relative_to(folder).as_posix()
         if f.is_symlink():
@@ -175,8 +185,13 @@ def _survey_student(folder: Path, chosen: list[str], ids: dict[str, set[str]]):
             notes.append(f"{rel}: not a notebook, not graded")
             continue
         try:
-            if f.stat().st_size > MAX_NOTEBOOK:
+            size = f.stat().st_size
+            if size > MAX_NOTEBOOK:
                 raise ValueError(f"larger than {MAX_NOTEBOOK >> 20} MiB")
+            if size > budget:
+                notes.append(f"{rel}: not read: the folder's notebooks pass {MAX_STUDENT_BYTES / 2**20:g} MiB")
+                continue
+            budget -= size
             nb = nbformat.read(f, as_version=4)
             lab = _lab_of(nb, ids) or (f.stem if f.stem in ids else None)
         except Exception as e:  # noqa: BLE001 - any unreadable file is a row note, never an abort
@@ -205,11 +220,11 @@ def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, ce
     """Run one submission in the sandbox and score it here; the gradebook and hand-back get the same result."""
     t0 = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="quantlab-grade-"))
-    executed = done = None
+    back = None
     try:
         release = nbformat.read(course / "release" / lab / f"{lab}.ipynb", as_version=4)
         ran, notes = grade_key.cells_to_run(nb, release, key)
-        done = ran
+        back = ran
         work = tmp / "work"
         work.mkdir()
         nbformat.write(ran, work / "run.ipynb")
@@ -217,36 +232,52 @@ def grade_one(course: Path, lab: str, student: str, nb, key: dict, mode: str, ce
                                                     "exercises": {ex: e.function for ex, e in key.items()}}))
         refs = {t for e in key.values() if (t := e.reference_target())}
         code = sandbox.prepare(work, refs)
-        outcome = sandbox.run(mode, work, code, grade_key.inputs_for(key), timeout)
-        if (work / "out" / "executed.ipynb").is_file():
-            executed = tmp / "executed.ipynb"
-            shutil.copy2(work / "out" / "executed.ipynb", executed)
-            try:
-                done = nbformat.read(executed, as_version=4)
-            except Exception:  # noqa: BLE001 - the sandbox's files are the student's to spoil
-                executed = None
+        before = {"nb": (None, "was not taken")}
+
+        def before_cases():   # the hand-back's copy: taken before any case enters the sandbox
+            before["nb"] = executed_notebook(work)
+
+        outcome = sandbox.run(mode, work, code, grade_key.inputs_for(key), timeout, before_cases)
+        final, why_final = executed_notebook(work)
+        mine, why_back = before["nb"] if outcome.inputs_sent else (final, why_final)
+        back, done = mine or ran, final or ran
+        for why in dict.fromkeys((why_back, why_final)):
+            if why not in ("", "is missing", "was not taken"):
+                notes.append(f"its executed notebook {why}" + ("" if mine else ": handed back without outputs"))
         status, why_cell = _status(done, outcome, cell_timeout, timeout)
         exs = {}
         for ex, e in key.items():
             pts, why = grade_key.score(e, work / "out" / "answers" / f"{ex}.json", why_cell.get(("harvest", ex), "")
-                                       or (status if outcome.cut or outcome.returncode else ""))
+                                       or (status if outcome.cut or outcome.returncode else ""), within=work)
             if pts < e.points and why_cell.get(("solution", ex)):
                 why = why_cell[("solution", ex)]
             exs[ex] = (pts, e.points, why)
+        for ex, why in grade_key.copied_references(ran, key).items():
+            exs[ex] = (0.0, key[ex].points, why)
         result = {"student": student, "lab": lab, "status": status, "exercises": exs, "notes": notes}
     except Exception as e:  # noqa: BLE001 - one submission's failure is its row, never the round's
-        executed = None
         result = {"student": student, "lab": lab, "status": f"grader error: {type(e).__name__}: {e}",
                   "exercises": {ex: (0.0, k.points, "not graded: grader error") for ex, k in key.items()}, "notes": []}
     result_total(result, t0)
     try:
         grade_report.write_gradebook(course, lab, student, {ex: v[0] for ex, v in result["exercises"].items()})
-        grade_report.hand_back(executed, done or nbformat.v4.new_notebook(), course, lab, student, result)
+        grade_report.hand_back(back or nbformat.v4.new_notebook(), course, lab, student, result)
     except Exception as e:  # noqa: BLE001 - said in the row: the instructor must look at this one
         result["status"] += f"; its gradebook entry or hand-back could not be written: {type(e).__name__}: {e}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def executed_notebook(work: Path):
+    """(the notebook the sandbox wrote, '') or (None, why not): read only as a plain file of its folder."""
+    data, why = sandbox.read_back(work, "out/executed.ipynb", MAX_EXECUTED)
+    if data is None:
+        return None, why
+    try:
+        return nbformat.reads(data.decode(), as_version=4), ""
+    except Exception as e:  # noqa: BLE001 - the sandbox's files are the student's to spoil
+        return None, f"is not a notebook ({type(e).__name__})"
 
 
 def result_total(result: dict, t0: float) -> None:
@@ -276,6 +307,10 @@ def _status(done, outcome, cell_timeout: int, timeout: float):
             why[("solution", sol_ex)] = f"{what} in its solution cell"
     if outcome.cut:
         status = f"cut at the {timeout:g} s submission limit"
+    elif outcome.limit:
+        status = outcome.limit
+    elif outcome.returncode and outcome.inputs_sent:   # what it printed then may be the hidden cases
+        status = f"the sandbox failed (exit {outcome.returncode}) while its functions ran on the cases"
     elif outcome.returncode:
         status = f"the sandbox failed (exit {outcome.returncode}): {outcome.log.strip().splitlines()[-1:] or ''}"
     else:

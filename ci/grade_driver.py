@@ -7,14 +7,18 @@ the student's helper and solution cells, the course's visible check cells. WORK/
 limit and {exercise: function name}. Every cell runs under the limit in one kernel; a cell that kills
 the kernel or is cut gets that written as its output, and a fresh kernel re-runs the definitions that
 worked (setup, helpers, solutions) and goes on with the next cell. Then, only once the student's cells
-are done, the grader sends the cases' inputs on stdin (the hidden ones included) and each exercise's
-function runs on them in a cell of its own, writing WORK/out/answers/<exercise>.json. Nothing here
-decides a point: the grader compares the answers outside. WORK/out/executed.ipynb and
-WORK/out/events.json are rewritten after every cell, so a submission cut as a whole keeps what it did.
+are done, this driver asks for the cases on stdout with the nonce the grader gave it first on stdin (no
+student process can read it: this process is made undumpable before any kernel starts), the grader takes
+its copy of the notebook so far and sends the cases' inputs (the hidden ones included), and each
+exercise's function runs on them in a cell of its own, writing WORK/out/answers/<exercise>.json. Nothing
+here decides a point: the grader compares the answers outside. WORK/out/executed.ipynb and
+WORK/out/events.json are rewritten after every cell, so a submission cut as a whole keeps what it did;
+a cell's outputs past MAX_CELL characters are dropped as they arrive.
 """
 from __future__ import annotations
 
 import copy
+import ctypes
 import json
 import os
 import sys
@@ -28,6 +32,34 @@ DEFINES = ("setup", "helper", "solution")
 SETUP_LIMIT = 120          # seconds for the course's own setup cell (imports): a busy machine is not the student's fault
 MAX_TEXT = 20_000          # characters of one output kept in the hand-back
 MAX_RESTARTS = 12
+MAX_CELL = 1_000_000       # characters of outputs one cell may add: a loop that displays for 30 s fills nothing
+OUTPUTS = ("stream", "display_data", "execute_result", "error")
+REQUEST = "quantlab: the cases, please"      # ci.sandbox.REQUEST
+
+
+class Client(NotebookClient):
+    """nbclient, dropping a cell's outputs past MAX_CELL characters as they arrive (one note says so)."""
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") in OUTPUTS:
+            sizes = self.__dict__.setdefault("_quantlab_sizes", {})
+            before = sizes.get(cell_index, 0)
+            sizes[cell_index] = before + len(json.dumps(msg.get("content"), default=str))
+            if sizes[cell_index] > MAX_CELL:
+                if before <= MAX_CELL:
+                    cell.outputs.append(nbformat.v4.new_output(
+                        "stream", name="stdout", text=f"\n... (outputs past {MAX_CELL:,} characters left out by the grader)\n"))
+                return None
+        return super().process_message(msg, cell, cell_index)
+
+
+def undumpable() -> None:
+    """No process of the same user may read this one's memory or descriptors (/proc/PID/mem, fd/0): the nonce
+    and the cases stay here. Kernels started from here are exec'd, so dumpable again, as they should be."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)      # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
 
 
 def role(cell) -> str:
@@ -58,6 +90,8 @@ def failed_output(kind: str, limit: int) -> dict:
 
 
 def main(work: Path) -> int:
+    nonce = sys.stdin.readline().strip()
+    undumpable()
     plan = json.loads((work / "plan.json").read_text())
     limit = int(plan["cell_timeout"])
     nb = nbformat.read(work / "run.ipynb", as_version=4)
@@ -78,7 +112,7 @@ def main(work: Path) -> int:
         write_json(out / "events.json", {"events": events, "restarts": restarts})
 
     while pending and restarts <= MAX_RESTARTS:
-        client = NotebookClient(nb, timeout=limit, allow_errors=True, kernel_name="python3", startup_timeout=60,
+        client = Client(nb, timeout=limit, allow_errors=True, kernel_name="python3", startup_timeout=60,
                                 shutdown_kernel="immediate", resources={"metadata": {"path": str(work)}},
                                 timeout_func=lambda cell: max(limit, SETUP_LIMIT) if role(cell) == "setup" else limit)
         try:
@@ -95,6 +129,8 @@ def main(work: Path) -> int:
                     if isinstance(step, tuple):              # the student's cells are done: now the cases
                         ex = step[1]
                         if inputs is None:
+                            save()
+                            os.write(1, f"\n{REQUEST} {nonce}\n".encode())
                             inputs = json.loads(sys.stdin.read() or "{}")
                         (inbox / f"{ex}.json").write_text(json.dumps(inputs.get(ex, [])))
                         src = (f"__import__('utils.exercises', fromlist=['harvest']).harvest({plan['exercises'][ex]!r}, "

@@ -11,17 +11,24 @@ is right; stderr output and the visible checks' own verdicts count for nothing.
 """
 from __future__ import annotations
 
+import builtins
 import copy
 import functools
 import json
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+import torch
 
+from ci import sandbox
 from utils import exercises
 from utils.exercises import Case
+
+MAX_ANSWERS = 64 * 2**20
+MAX_WHY = 400
 
 
 @dataclass
@@ -125,6 +132,34 @@ def cells_to_run(student_nb, release_nb, key: dict[str, Exercise]) -> tuple[obje
     return nb, notes
 
 
+def copied_references(ran, key: dict[str, Exercise]) -> dict[str, str]:
+    """{exercise: why} for each exercise whose reference's code is in the student's cells, pasted whole: the
+    copy the home check refuses when it runs (exercises.code_signature). In the sandbox the reference is a
+    stub, so the look is here, on the cells' text: compiled, never run."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    sigs: dict[tuple, list[str]] = {}
+    for ex, e in key.items():
+        ref = e.reference.func if isinstance(e.reference, functools.partial) else e.reference
+        if getattr(ref, "__code__", None) is not None:
+            sigs.setdefault(exercises.code_signature(ref.__code__), []).append(ex)
+    found: dict[str, str] = {}
+    for c in ran.cells:
+        if c.metadata.get("quantlab", {}).get("role") not in ("solution", "helper"):
+            continue
+        try:
+            todo = [compile(TransformerManager().transform_cell(c.source), "<cell>", "exec", dont_inherit=True)]
+        except Exception:  # noqa: BLE001 - a cell that cannot compile cannot run either: it fails in the sandbox
+            continue
+        while todo:
+            co = todo.pop()
+            for ex in sigs.get(exercises.code_signature(co), []):
+                found[ex] = (exercises.reference_used(_named(key[ex].function), key[ex].reference)
+                             + " (a copy of its code is in the notebook)")
+            todo += [k for k in co.co_consts if isinstance(k, types.CodeType)]
+    return found
+
+
 def inputs_for(key: dict[str, Exercise]) -> str:
     """The calls each exercise's function gets, hidden cases included: what the sandbox reads on stdin."""
     return json.dumps({ex: exercises.encode([[c.args, c.kwargs] for c in e.visible + e.hidden])
@@ -140,18 +175,42 @@ def _case_failure(e: Exercise, i: int, got) -> str | None:
     if i < len(e.visible):
         return f"wrong on case {case.describe()}: {why}" + exercises.hint_for(case, got)
     k = i - len(e.visible) + 1
+    if why.startswith("expected a"):                # never what came back: it may be the hidden case itself
+        why = f"{why.split(', got ')[0]}, got {_kind(got)}"
     shape = f": {why}" if why.startswith(("shape", "dtype", "expected a", "missing key")) else ""
     return f"wrong on hidden case {k} of {len(e.hidden)}{shape} (the hand-made cases pass)"
 
 
-def score(e: Exercise, answers_path: Path, why_not_run: str = "") -> tuple[float, str]:
-    """(points, '' or why not full): the student's answers against the expected values, all computed here."""
-    if not answers_path.is_file():
-        return 0.0, why_not_run or "its function never ran on the cases"
+def _kind(x) -> str:
+    """The type of an answer, named only when the course names it (a student's class name is its own text)."""
+    t = type(x)
+    return t.__name__ if t in (type(None), bool, int, float, str, list, tuple, dict, torch.Tensor, torch.dtype) \
+        else "another kind of object"
+
+
+def _exception(name) -> str:
+    """An exception's name as the hand-back says it on a hidden case: Python's own, or no name."""
+    return name if isinstance(name, str) and isinstance(getattr(builtins, name, None), type) \
+        and issubclass(getattr(builtins, name), BaseException) else "an exception"
+
+
+def score(e: Exercise, answers_path: Path, why_not_run: str = "", within: Path | None = None) -> tuple[float, str]:
+    """(points, '' or why not full): the student's answers against the expected values, all computed here.
+    The answers file is read only as a plain file under `within` (the sandbox's folder), no link followed.
+    The reason is one line of at most MAX_WHY characters: it quotes what the student returned or raised, and
+    it goes into summary.md's table and the hand-back."""
+    pts, why = _score(e, answers_path, why_not_run, within)
+    why = " ".join(why.split())
+    return pts, why if len(why) <= MAX_WHY else why[:MAX_WHY - 3] + "..."
+
+
+def _score(e: Exercise, answers_path: Path, why_not_run: str, within: Path | None) -> tuple[float, str]:
+    root = within or answers_path.parent
+    data, why = sandbox.read_back(root, answers_path.relative_to(root).as_posix(), MAX_ANSWERS)
+    if data is None:
+        return 0.0, (why_not_run or "its function never ran on the cases") if why == "is missing" else f"its answers file {why}"
     try:
-        if answers_path.stat().st_size > 64 * 2**20:
-            return 0.0, "its answers are larger than 64 MiB"
-        answers = exercises.decode(answers_path.read_text()).get("answers")
+        answers = exercises.decode(data.decode()).get("answers")
     except (ValueError, AttributeError, UnicodeDecodeError) as err:
         return 0.0, f"its answers could not be read ({err})"
     if isinstance(answers, dict):
@@ -169,6 +228,8 @@ def score(e: Exercise, answers_path: Path, why_not_run: str = "") -> tuple[float
             if a["error"] == "NotImplementedError":
                 return 0.0, exercises.NOT_DONE
             where = cases[i].describe() if i < len(e.visible) else f"hidden case {i - len(e.visible) + 1}"
+            if i >= len(e.visible):                   # its message may hold the hidden case
+                return 0.0, f"raised {_exception(a['error'])} on {where} of {len(e.hidden)} (the hand-made cases pass)"
             return 0.0, f"raised {a['error']}: {str(a.get('message'))[:200]} on case {where}"
         why = _case_failure(e, i, a.get("value"))
         if why:

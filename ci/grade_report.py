@@ -49,11 +49,11 @@ def read_gradebook(course: Path, lab: str, student: str) -> dict[str, float]:
         return {g.name.removesuffix("_tests"): float(g.score) for g in nb.grades}
 
 
-def hand_back(executed: Path | None, ran, course: Path, lab: str, student: str, result: dict) -> Path:
+def hand_back(ran, course: Path, lab: str, student: str, result: dict) -> Path:
     """The notebook the student gets back: the cells that ran, the student's own code with their outputs,
     a first cell with the score, and under each check cell its points and why. The cells that ran the
     cases are left out (their inputs include the hidden cases)."""
-    nb = nbformat.read(executed, as_version=4) if executed and executed.is_file() else copy.deepcopy(ran)
+    nb = copy.deepcopy(ran)
     nb.cells = [c for c in nb.cells if c.metadata.get("quantlab", {}).get("role") != "harvest"]
     lines = [f"# {lab}: graded copy of {student}'s notebook", "",
              f"**{result['total']:g} of {result['out_of']:g} points.** Status: {result['status']}.", "",
@@ -77,11 +77,14 @@ def hand_back(executed: Path | None, ran, course: Path, lab: str, student: str, 
 
 
 def write_csv(path: Path, columns: list[str], rows: list[dict]) -> None:
+    """grades.csv. The notes quote the students' file names: one starting with = + - @ would be a formula
+    in a spreadsheet, so such a note starts with ' (as spreadsheets write text)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, ["student", *columns, "total", "notes"], restval="")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows([{**r, "notes": "'" + r["notes"]} if str(r.get("notes", ""))[:1] in tuple("=+-@\t\r") else r
+                     for r in rows])
     os.replace(tmp, path)
 
 

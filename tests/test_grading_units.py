@@ -90,3 +90,25 @@ def test_score_names_what_happened(tmp_path, key01):
     assert "could not be read" in grade_key.score(e, tmp_path / "a.json")[1]
     assert grade_key.score(e, tmp_path / "none.json", "cut at the 300 s submission limit") == (
         0.0, "cut at the 300 s submission limit")
+
+
+def test_a_pasted_copy_of_the_reference_scores_zero_as_at_home(key01, release01):
+    """Students have utils/ at home: its source pasted whole is what the home check already refuses
+    (same bytecode); graded, the sandbox's reference is a stub, so only the grader's own look finds it."""
+    import inspect
+
+    from utils import exercises, formulas
+
+    src = inspect.getsource(formulas.ridge_point)
+    ns = {}
+    exec(src, ns)                                                # as the student's kernel at home would
+    with pytest.raises(exercises.ReferenceCalled):
+        exercises.self_check(ns["ridge_point"], key01["ridge_point"].visible, reference=formulas.ridge_point)
+    nb = set_solution(lab01(), "ridge_point", src)
+    nb = add_helper(nb, "%load_ext autoreload\n" + inspect.getsource(formulas.gemm_bytes))   # a magic, a helper
+    ran, _ = grade_key.cells_to_run(nb, release01, key01)
+    found = grade_key.copied_references(ran, key01)
+    assert set(found) == {"ridge_point"}, found
+    assert "calls the course's reference utils.formulas.ridge_point" in found["ridge_point"]
+    assert "a copy of its code is in the notebook" in found["ridge_point"]
+    assert grade_key.copied_references(grade_key.cells_to_run(lab01(), release01, key01)[0], key01) == {}

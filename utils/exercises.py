@@ -191,6 +191,11 @@ def reference_used(fn: Callable, reference: Callable | None) -> str:
             "the answer key is not an answer, so this exercise scores 0 when graded; write your own")
 
 
+def code_signature(code) -> tuple:
+    """What makes a function a copy of another here: the same bytecode, names and number of constants."""
+    return code.co_code, code.co_names, len(code.co_consts)
+
+
 @contextlib.contextmanager
 def _watching(reference: Callable | None):
     """Notes every call, inside the block, of the reference's code or of a copy of it (the same
@@ -201,11 +206,11 @@ def _watching(reference: Callable | None):
     if code is None:
         yield seen
         return
-    sig = (code.co_code, code.co_names, len(code.co_consts))
+    sig = code_signature(code)
 
     def profile(frame, event, arg):
         c = frame.f_code
-        if event == "call" and (c is code or (c.co_code, c.co_names, len(c.co_consts)) == sig):
+        if event == "call" and (c is code or code_signature(c) == sig):
             seen.append(c)
     old = sys.getprofile()
     sys.setprofile(profile)
@@ -318,7 +323,7 @@ def decode(obj: Any) -> Any:
     ValueError when it is not one."""
     try:
         return _walk(json.loads(obj) if isinstance(obj, str) else obj, 0)
-    except (KeyError, TypeError, IndexError, RecursionError) as e:
+    except (KeyError, TypeError, IndexError, RecursionError, RuntimeError, OverflowError) as e:   # torch refuses a forged shape
         raise ValueError(f"not an encoded value: {type(e).__name__}: {e}") from None
 
 
