@@ -33,7 +33,8 @@ from typing import Callable
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ("auto", "bwrap", "none")
 FILE_LIMIT = 256 * 2**20          # bytes: the largest file a submission may write
-MEMORY_LIMIT = 4 * 2**30          # bytes of address space per process: a lab's kernel peaks near 1.4 GiB
+MEMORY_LIMIT = 4 * 2**30          # bytes of private writable memory per process (RLIMIT_DATA), see _limits
+MAX_RESIDENT = 8 * 2**30          # bytes resident in all the sandbox's processes together (shared memory too)
 MAX_PROCS = 64                    # processes at once: a fork bomb is stopped (RLIMIT_NPROC does not bind root)
 MAX_DISK = 2**30                  # bytes a submission may leave in its folder (the grader's disk)
 MAX_FILES = 20_000                # files and folders it may leave there
@@ -156,9 +157,24 @@ class Outcome:
 
 
 def _limits():
+    """Not RLIMIT_AS: a CUDA build of torch maps several GiB of libraries at import, so an address-space cap
+    that a CPU kernel never reaches would refuse `import torch` on an instructor's GPU box. RLIMIT_DATA counts
+    what a submission allocates (heap, private mappings); _watch adds what it touches in shared memory."""
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+def _resident(pids: list[int]) -> int:
+    """Bytes resident in these processes (a page two of them share counts twice: an upper bound)."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _tree(root: int) -> list[int]:
@@ -204,10 +220,13 @@ def _folder_over(work: Path) -> str:
 
 
 def _watch(p: subprocess.Popen, work: Path, done: threading.Event, why: list[str]) -> None:
-    """Stop the sandbox, every process in it, at MAX_PROCS processes or past its folder's limits."""
+    """Stop the sandbox, every process in it, at MAX_PROCS processes, MAX_RESIDENT bytes resident or past
+    its folder's limits."""
     while not done.wait(WATCH_EVERY):
         pids = _tree(p.pid)
-        over = (f"more than {MAX_PROCS} processes at once" if len(pids) > MAX_PROCS else "") or _folder_over(work)
+        over = (f"more than {MAX_PROCS} processes at once" if len(pids) > MAX_PROCS else "") or (
+            f"more than {MAX_RESIDENT / 2**30:g} GiB of memory in use" if _resident(pids) > MAX_RESIDENT else "") \
+            or _folder_over(work)
         if over:
             why.append(over)
             for pid in pids:

@@ -97,8 +97,11 @@ def test_a_reason_is_one_short_line(tmp_path, key01):
 ATTACKS = {
     "forks": ("import os, time\nfor i in range(100):\n    if os.fork() == 0:\n        time.sleep(20)\n        os._exit(0)\n"
               "print('FORKED 100', flush=True)\ntime.sleep(20)\n"),
-    "maps": ("import mmap\ntry:\n    m = mmap.mmap(-1, 6 << 30)   # address space only: nothing is touched\n"
+    "maps": ("import mmap\ntry:\n    m = mmap.mmap(-1, 6 << 30, flags=mmap.MAP_PRIVATE)   # private: its own memory\n"
              "    print('MAPPED 6 GiB')\nexcept (OSError, MemoryError) as e:\n    print('REFUSED', type(e).__name__)\n"),
+    "touches_shared": ("import mmap, time\nm = mmap.mmap(-1, 512 << 20)   # shared: outside RLIMIT_DATA\n"
+                       "for i in range(0, 512 << 20, 4096):\n    m[i] = 1\nprint('TOUCHED 512 MiB', flush=True)\n"
+                       "time.sleep(20)\n"),
     "fills_folder": ("import os, time\nchunk = b'x' * (8 << 20)\nfor i in range(40):\n"
                      "    with open(f'/submission/f{i}', 'wb') as f:\n        f.write(chunk)\n        os.fsync(f.fileno())\n"
                      "print('WROTE 320 MiB', flush=True)\ntime.sleep(20)\n"),
@@ -115,6 +118,7 @@ def test_a_submission_cannot_take_the_machine(tmp_path, monkeypatch, what):
     monkeypatch.setattr(sandbox, "MAX_PROCS", 32)
     monkeypatch.setattr(sandbox, "MAX_DISK", 100 * 2**20)
     monkeypatch.setattr(sandbox, "TMPFS", 64 * 2**20)
+    monkeypatch.setattr(sandbox, "MAX_RESIDENT", 256 * 2**20)
     code, work = tmp_path / "code", tmp_path / "work"
     code.mkdir()
     work.mkdir()
@@ -126,6 +130,8 @@ def test_a_submission_cannot_take_the_machine(tmp_path, monkeypatch, what):
         assert "more than 32 processes at once" in o.limit, (o.log, o.limit)
     elif what == "maps":
         assert "REFUSED" in o.log, o.log
+    elif what == "touches_shared":
+        assert "more than 0.25 GiB of memory in use" in o.limit, (o.log, o.limit)
     elif what == "fills_folder":
         assert "more than 100 MiB written to its folder" in o.limit, (o.log, o.limit)
     else:
