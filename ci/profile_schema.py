@@ -41,7 +41,7 @@ TOP_LEVEL = {
     "labs": ({"type": ["object", "null"]}, "a mapping of lab name to that lab's parameters",
              "labs: {01_env: {repeats: 5}}"),
     "skip": ({"type": "array", "items": {"type": "string"}}, "a list of lab names", "skip: [05_kernels]"),
-    "kernel": ({"type": "string"}, "the name of an installed Jupyter kernel", "kernel: python3"),
+    "kernel": ({"type": "string", "minLength": 1}, "the name of an installed Jupyter kernel", "kernel: python3"),
     "cell_timeout_s": ({"type": ["number", "null"], "exclusiveMinimum": 0},
                        "seconds per cell (a number > 0), or null for no limit", "cell_timeout_s: 3600"),
 }
