@@ -218,7 +218,7 @@ def test_dtype_policy_follows_utils_models(tmp_path):
 @pytest.mark.parametrize("bad, message", [({"gsm8k_data": "/no/such/gsm8k"}, "gsm8k_data"),
                                           ({"backend": "tgi"}, "backend"),
                                           ({"decode": "compiled"}, "decode: 'compiled' .* needs a GPU"),
-                                          ({"gpus": 0}, "gpus: 0 must be a whole number >= 1"),
+                                          ({"gpus": 0}, "gpus: got 0; expected int at least 1"),
                                           ({"endpoint": "localhost:8000"}, "endpoint: 'localhost:8000' is not an http")])
 def test_lab_notebook_bad_input_leaves_no_results(tmp_path, monkeypatch, bad, message):
     """The lab itself: a bad parameter stops it with the parameter named, and no results.json appears."""
