@@ -144,11 +144,12 @@ def copied_references(ran, key: dict[str, Exercise]) -> dict[str, str]:
         if getattr(ref, "__code__", None) is not None:
             sigs.setdefault(exercises.code_signature(ref.__code__), []).append(ex)
     found: dict[str, str] = {}
+    transform = TransformerManager().transform_cell
     for c in ran.cells:
         if c.metadata.get("quantlab", {}).get("role") not in ("solution", "helper"):
             continue
         try:
-            todo = [compile(TransformerManager().transform_cell(c.source), "<cell>", "exec", dont_inherit=True)]
+            todo = [compile(transform(c.source), "<cell>", "exec", dont_inherit=True)]
         except Exception:  # noqa: BLE001 - a cell that cannot compile cannot run either: it fails in the sandbox
             continue
         while todo:

@@ -60,7 +60,7 @@ def env_problems(profile: dict, environ=None) -> list[str]:
     inside a lab kernel a bad one fails late, or (the memory cap, read in sitecustomize, where Python prints
     the error and goes on) is dropped without a word."""
     from utils.gpu_cap import CAP_ENV, parse_cap
-    from utils.models import GPTQ_ENV, GPTQ_KERNELS
+    from utils.models import GPTQ_ENV, kernel_name
 
     own = {k: str(v) for k, v in (profile.get("env") or {}).items()}
     env = {**(os.environ if environ is None else environ), **own}
@@ -71,10 +71,10 @@ def env_problems(profile: dict, environ=None) -> list[str]:
             parse_cap(env[CAP_ENV])
         except ValueError as exc:
             problems.append(f"{where(CAP_ENV)}: {exc}")
-    backend = env.get(GPTQ_ENV, "").strip()
-    if backend and backend.lower() not in GPTQ_KERNELS:
-        problems.append(f"{where(GPTQ_ENV)}: {backend!r} is not a GPTQ kernel (the kernels are "
-                        f"{', '.join(GPTQ_KERNELS)}); set one of them, or remove it to use the labs' gptq_backend")
+    try:
+        kernel_name(environ=env)
+    except ValueError as exc:
+        problems.append(f"{where(GPTQ_ENV)}: {exc}")
     for name, what in FOLDER_ENV.items():
         value = env.get(name, "").strip()
         if value and Path(value).expanduser().exists() and not Path(value).expanduser().is_dir():

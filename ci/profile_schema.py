@@ -330,8 +330,7 @@ def _message(err: jsonschema.ValidationError, schema: dict, lines: dict) -> str:
             Validator(plain_schema).is_valid(int(err.instance)):
         got += f", a float where a whole number is expected: write {int(err.instance)}"
     if isinstance(err.instance, str):
-        plain = {k: v for k, v in explained.items() if not k.startswith("x-")}
-        number = _number_text(err.instance, plain)
+        number = _number_text(err.instance, plain_schema)
         if number is not None and re.search(r"[eE]", err.instance):
             got = (f"{err.instance!r}, which YAML reads as text, not a number (an exponent needs a dot and a "
                    f"sign): write {number}")

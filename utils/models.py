@@ -65,11 +65,11 @@ QUANTLAB = "quantlab"   # the course's own W4A16 kernel: loaded through gptq_tor
 GPTQ_KERNELS[QUANTLAB] = "quant-lab"
 
 
-def kernel_name(requested="auto") -> tuple[str, str]:
+def kernel_name(requested="auto", environ=None) -> tuple[str, str]:
     """(the kernel asked for, where it was set): $QUANTLAB_GPTQ_BACKEND if set, else `requested` (empty: auto).
     An unknown name is a ValueError naming the variable or the parameter and the valid kernels, before any
-    loading."""
-    env = os.environ.get(GPTQ_ENV, "").strip()
+    loading. environ: the environment to read (default os.environ; the chain checks a profile's env with it)."""
+    env = (os.environ if environ is None else environ).get(GPTQ_ENV, "").strip()
     raw = env or str(requested if requested is not None else "").strip() or "auto"
     source = f"${GPTQ_ENV}" if env else "gptq_backend"
     chosen = raw.lower()
