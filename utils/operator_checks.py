@@ -137,14 +137,7 @@ def plot_accumulation(rows: list[dict]):
 def grouped_errors(groups: list[int], dev, gen: torch.Generator, k: int = 256, n: int = 128) -> tuple[dict, str | None]:
     """Every grouped GEMM that runs here (ours, the torch.matmul loop, torch._grouped_mm) against float64,
     on `groups` rows per group; and why torch._grouped_mm did not run, if it did not."""
-    if not sum(groups):
-        raise ValueError(f"groups={groups}: every group is empty, so there is no row to check (every error would "
-                         "read 0); give at least one group with rows, e.g. groups = [48, 0, 80, 16]")
-    gdt = torch.float32 if kernels.interpreted() else torch.bfloat16
-    ga = torch.randn(sum(groups), k, generator=gen).to(dev, gdt)
-    gb = torch.randn(len(groups), k, n, generator=gen).to(dev, gdt)
-    offs = kernels.group_offsets(groups, dev)
-    ref = kernels.grouped_matmul_loop(ga.double().cpu(), gb.double().cpu(), groups)
+    gdt, ga, gb, offs, ref = _grouped_inputs(groups, dev, gen, k, n)
     outs = {f"ours ({name})": kernels.grouped_matmul(ga, gb, offs, kernel=name).cpu()
             for name in kernels.grouped_kernels_here(ga, gb)}
     outs["torch.matmul loop"] = kernels.grouped_matmul_loop(ga, gb, groups).cpu()
@@ -155,6 +148,18 @@ def grouped_errors(groups: list[int], dev, gen: torch.Generator, k: int = 256, n
         why_not = f"torch._grouped_mm does not run here: {type(exc).__name__}: {str(exc)[:100]}"
     bound = metrics.matmul_error_bound(gdt, k)
     return {name: {**numerics.error_report(v, ref), "bound (rel_l2)": bound} for name, v in outs.items()}, why_not
+
+
+def _grouped_inputs(groups: list[int], dev, gen: torch.Generator, k: int, n: int):
+    """(dtype, A, B, offsets, float64 reference) of a grouped GEMM with `groups` rows per group."""
+    if not sum(groups):
+        raise ValueError(f"groups={groups}: every group is empty, so there is no row to check (every error would "
+                         "read 0); give at least one group with rows, e.g. groups = [48, 0, 80, 16]")
+    gdt = torch.float32 if kernels.interpreted() else torch.bfloat16
+    ga = torch.randn(sum(groups), k, generator=gen).to(dev, gdt)
+    gb = torch.randn(len(groups), k, n, generator=gen).to(dev, gdt)
+    ref = kernels.grouped_matmul_loop(ga.double().cpu(), gb.double().cpu(), groups)
+    return gdt, ga, gb, kernels.group_offsets(groups, dev), ref
 
 
 def int_accumulator_cases(ks=(2, 4, 64, 1024)) -> list[dict]:
@@ -374,15 +379,11 @@ def gemm_verdict(A: torch.Tensor, B: torch.Tensor, outs: dict) -> dict:
 def grouped_verdict(groups: list[int], dev, gen: torch.Generator, k: int = 256, n: int = 128) -> dict:
     """Every grouped GEMM of ours element by element against float64 of the same inputs, with the group of
     each wrong row named (an empty group included: a kernel that writes into its neighbour's rows fails)."""
-    gdt = torch.float32 if kernels.interpreted() else torch.bfloat16
-    ga = torch.randn(sum(groups), k, generator=gen).to(dev, gdt)
-    gb = torch.randn(len(groups), k, n, generator=gen).to(dev, gdt)
-    offs = kernels.group_offsets(groups, dev)
+    gdt, ga, gb, offs, ref = _grouped_inputs(groups, dev, gen, k, n)
     a64, b64 = ga.double().cpu(), gb.double().cpu()
-    ref = kernels.grouped_matmul_loop(a64, b64, groups)
     starts = torch.tensor([0] + list(groups)).cumsum(0).tolist()
     bound = torch.cat([numerics.elementwise_bound(a64[s:e], b64[g], gdt) for g, (s, e)
-                       in enumerate(zip(starts[:-1], starts[1:])) if e > s] or [torch.zeros(0, n, dtype=torch.float64)])
+                       in enumerate(zip(starts[:-1], starts[1:])) if e > s])   # _grouped_inputs refused no rows
     failed = []
     for name in kernels.grouped_kernels_here(ga, gb):
         found = where_wrong(kernels.grouped_matmul(ga, gb, offs, kernel=name).cpu(), ref, bound,
