@@ -1,5 +1,6 @@
 """A lab opened alone checks its own parameters cell: a student's bad edit is named before the lab uses it."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_a_lab_run_alone_stops_at_the_bad_value_and_writes_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "papermill", str(ROOT / "labs/05_kernels/05_kernels.ipynb"),
                            str(out_nb), "-p", "gemm_m", "0", "-p", "run_dir", str(run_dir), "--cwd",
                            str(ROOT / "labs/05_kernels")], capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
     assert proc.returncode != 0
     cells = json.loads(out_nb.read_text())["cells"]
     errors = [o for c in cells if c["cell_type"] == "code" for o in c.get("outputs", []) if o["output_type"] == "error"]
