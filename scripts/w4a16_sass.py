@@ -28,8 +28,10 @@ KINDS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDS", "LDSM", "STS", "BAR", "LOP3", 
 OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
-def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90) -> str:
-    """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>."""
+def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90, gated: bool = False,
+                 pdl: bool = False) -> str:
+    """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>;
+    gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -38,12 +40,12 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
     from utils.kernels.w4a16_kernels import w4a16_kernel
 
     sig = {"x_ptr": "*fp16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
-           "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "M": "i32", "K": "i32", "N": "i32",
-           "stride_xm": "i32"}
+           "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "qw2_ptr": "*i32", "qz2_ptr": "*i32",
+           "s2_ptr": "*fp16", "b2_ptr": "*fp16", "M": "i32", "K": "i32", "N": "i32", "stride_xm": "i32"}
     consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
-                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack))
+                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack), GATED=gated, PDL=pdl)
     sig.update({k: "constexpr" for k in consts})
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(12), 13, 14, 15)}
     k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
                        options=dict(num_warps=warps, num_stages=stages))
     nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--arch", type=int, default=90, choices=(80, 86, 89, 90),
                     help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 86 RTX 3090, 80 A100")
+    ap.add_argument("--gated", action="store_true", help="gate and up in one program (w4a16_gated_silu)")
+    ap.add_argument("--pdl", action="store_true", help="with the sum kernel's programmatic dependent launch")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
@@ -80,11 +84,11 @@ def main(argv=None) -> int:
     if args.warps not in (1, 2, 4, 8, 16) or args.stages < 1:
         ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"
-    per_thread = args.block_n * 128 // (32 * args.warps)
+    per_thread = args.block_n * 128 * (2 if args.gated else 1) // (32 * args.warps)
     rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
             "|" + "---|" * (3 + len(KINDS))]
     for unpack in args.unpack:
-        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch)
+        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl)
         ops = loop_body(sass)
         n = collections.Counter(ops)
         rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")
@@ -93,7 +97,8 @@ def main(argv=None) -> int:
             (args.out / f"sass_{unpack}.txt").write_text(sass)
     import triton
     text = (f"W4A16 kernel's K loop on sm_{args.arch} (Triton {triton.__version__}, compiled here): tile {args.block_n} x 128, "
-            f"{args.warps} warps, {args.stages} stages, {per_thread} weights per thread and step.\n\n" + "\n".join(rows) + "\n")
+            f"{args.warps} warps, {args.stages} stages{', gated' if args.gated else ''}, {per_thread} weights per thread "
+            "and step.\n\n" + "\n".join(rows) + "\n")
     if args.out:
         (args.out / "w4a16_sass.md").write_text(text)
     print(text)

@@ -5,7 +5,7 @@ import torch
 
 from bad_input_table import record
 from utils import gptq, gptq_kernels, metrics, models
-from utils.quantlab_linear import QuantlabLinear, swap_gptq_linears
+from utils.quantlab_linear import QuantlabGatedMLP, QuantlabLinear, swap_gptq_linears
 
 
 def loaded_layer(act_order=False, sym=True, bias=True, seed=0):
@@ -72,6 +72,8 @@ def test_the_fixture_loads_with_quantlab_and_generates_as_gptq_torch(monkeypatch
         model = models.load_model(path, "cpu", torch.float16, backend=backend)
         kinds = {type(m).__name__ for m in model.modules() if hasattr(m, "qweight")}
         assert kinds == ({"QuantlabLinear"} if backend == "quantlab" else {"TorchLinear"}), kinds
+        mlps = [type(layer.mlp) for layer in model.model.layers]
+        assert all(m is QuantlabGatedMLP for m in mlps) == (backend == "quantlab"), mlps   # gate and up as one
         with torch.no_grad():
             outs[backend] = model.generate(ids, max_new_tokens=4, do_sample=False)[0, ids.shape[1]:].tolist()
     assert outs["quantlab"] == outs["gptq_torch"], outs

@@ -9,8 +9,9 @@ Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported) at smal
     grouped.py       grouped_matmul and its kernel choice (pointer and TMA kernels in Triton)
     grouped_gluon.py the warp-specialized grouped GEMM in Gluon (sm_90)
     gemv_kernels.py  the Int4 GEMV's Triton code; gemv_plan.py how it is launched; gemv.py int4_gemv
-    w4a16_kernels.py the W4A16 kernel's Triton code (M = 1..16 rows, tensor cores); w4a16.py w4a16_matmul and
-                     its torch custom op (torch.ops.quantlab.w4a16_matmul), what gptq_backend quantlab runs
+    w4a16_kernels.py the W4A16 kernel's Triton code (M = 1..16 rows, tensor cores); w4a16.py w4a16_matmul,
+                     w4a16_gated_silu (a gated MLP's gate and up in one launch) and their torch custom ops
+                     (torch.ops.quantlab.*), what gptq_backend quantlab runs
     stream.py        stream_read, the read floor
 
 GPTQ packing lives in utils.gptq; pack_gptq_int4 and dequant_gptq_int4 are re-exported here. What was
@@ -25,11 +26,12 @@ from .gemv_plan import (GEMV_CONFIGS, GEMV_FIXUPS, gemv_candidates, gemv_hopper_
 from .grouped import (GROUPED_KERNELS, group_offsets, grouped_kernel, grouped_kernels_here, grouped_matmul,
                       grouped_matmul_loop)
 from .stream import stream_read
-from .w4a16 import W4A16_MAX_ROWS, W4A16Tile, w4a16_dequant, w4a16_matmul
+from .w4a16 import W4A16_MAX_ROWS, W4A16Tile, w4a16_dequant, w4a16_gated_silu, w4a16_matmul
 
 __all__ = ["GEMM_TILES", "GEMV_CONFIGS", "GEMV_FIXUPS", "GROUPED_KERNELS", "INPUT_PRECISIONS", "GemvPlan",
            "KernelCache", "cache", "dequant_gptq_int4", "gemv_candidates", "gemv_hopper_tile", "gemv_one_wave_split",
            "gemv_pdl", "gemv_split", "gemv_state_words", "gpu_configs", "group_offsets", "grouped_kernel",
            "grouped_kernels_here", "grouped_matmul", "grouped_matmul_loop", "int4_gemv", "int4_gemv_default_tile",
            "int4_gemv_dequant", "int4_gemv_plan", "int8_matmul", "interpreted", "interpreter_limits", "matmul",
-           "matmul_tuned_config", "pack_gptq_int4", "resident_programs", "stream_read", "W4A16_MAX_ROWS", "W4A16Tile", "w4a16_dequant", "w4a16_matmul"]
+           "matmul_tuned_config", "pack_gptq_int4", "resident_programs", "stream_read", "W4A16_MAX_ROWS", "W4A16Tile", "w4a16_dequant",
+           "w4a16_gated_silu", "w4a16_matmul"]

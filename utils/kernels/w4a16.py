@@ -20,6 +20,7 @@ import triton
 
 from .common import require, cache, interpreted
 from .gemv import Launch
+from .gemv_plan import gemv_pdl
 from .w4a16_kernels import w4a16_dequant_kernel, w4a16_kernel, w4a16_sum_kernel
 
 W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
@@ -85,37 +86,44 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
 
 
 class W4A16Plan:
-    """How w4a16_matmul runs one (device, dtypes, shapes, options): the tile and its launches, made and
-    checked once; a call then allocates its output (and split-K partials) and launches."""
+    """How w4a16_matmul (or w4a16_gated_silu: gated) runs one (device, dtypes, shapes, options): the tile and
+    its launches, made and checked once; a call then allocates its output (and split-K partials) and launches.
+    pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap."""
 
-    def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision):
+    def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
+                 gated: bool = False, pdl: bool = False):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
-        self.act_order, self.has_bias = act_order, has_bias
+        self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
+        pdl = pdl and tile.split_k > 1
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                      SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack))
+                      SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated,
+                      PDL=pdl)
         self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
         if tile.split_k > 1:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
-                               dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK),
-                               dict(num_warps=4, num_stages=1))
+                               dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK, GATED=gated, PDL=pdl),
+                               dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {})))
         self.calls = 0
 
-    def run(self, x, qweight, qzeros, scales, g_idx, bias) -> torch.Tensor:
+    def run(self, x, qweight, qzeros, scales, g_idx, bias, second=None) -> torch.Tensor:
+        """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection."""
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.sum is None else torch.empty((self.tile.split_k, self.M, self.N), device=x.device,
-                                                      dtype=torch.float32)
+        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
+                                                      device=x.device, dtype=torch.float32)
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
-        ptrs = (x, qweight, qzeros, scales, g, b, y, part)
+        qw2, qz2, s2, b2 = second if second is not None else (qweight, qzeros, scales, bias)
+        b2 = b2 if b2 is not None else y
+        ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
         aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
-                   | b.data_ptr()) % 16 == 0             # y and part: fresh from the allocator, aligned
-        self.calls += 1
+                   | b.data_ptr() | qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
+        self.calls += 1                                  # (y and part: fresh from the allocator, aligned)
         self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
         if self.sum is not None:
-            self.sum((part, b, y, self.M * self.N, self.N), aligned)
+            self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
         return y
 
 
@@ -154,12 +162,14 @@ def _check_device(x) -> None:
            "(TRITON_INTERPRET=1, set before triton is imported)")
 
 
-def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format, tile=None) -> W4A16Plan:
-    """The plan for 2-D x [M <= 16, K] and these operands, made and checked once per key (kernels.cache)."""
+def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format, tile=None,
+               gated: bool = False) -> W4A16Plan:
+    """The plan for 2-D x [M <= 16, K] and these operands, made and checked once per key (kernels.cache).
+    gated: for w4a16_gated_silu, whose second weight has the first's shapes (checked there)."""
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile)
+           group_size, zero_format, tile, gated)
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
@@ -176,8 +186,11 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                                           and torch.version.hip is None),
                f"tile.unpack='ptx' needs float16 scales and an NVIDIA GPU (got {scales.dtype}"
                f"{', the interpreter' if interpreted() else ''}{', ROCm' if torch.version.hip else ''}): use 'join'")
+        require(not gated or tile.unpack in ("join", "ptx"),
+               f"w4a16_gated_silu unpacks the weight as the first operand: tile.unpack 'join' or 'ptx', "
+               f"got {tile.unpack!r}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None)
+                         "ieee" if x2.dtype == torch.float32 else None, gated, gemv_pdl(x2))
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan
@@ -227,6 +240,33 @@ def w4a16_matmul(x: torch.Tensor, qweight, qzeros, scales, g_idx=None, bias=None
     return y.reshape(*lead, qweight.shape[1])
 
 
+def _check_pair(gate, up) -> None:
+    for name, a, b in zip(("qweight", "qzeros", "scales"), gate[:3], up[:3]):
+        require(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device,
+               f"w4a16_gated_silu: the up projection's {name} must match the gate's ({tuple(a.shape)}, {a.dtype}, "
+               f"{a.device}), got ({tuple(b.shape)}, {b.dtype}, {b.device})")
+    require((gate[3] is None) == (up[3] is None), "w4a16_gated_silu: give a bias to both projections or to neither")
+
+
+def w4a16_gated_silu(x: torch.Tensor, gate: tuple, up: tuple, group_size: int = 128, zero_format: int = 1,
+                     tile: W4A16Tile | None = None) -> torch.Tensor:
+    """silu(x @ Wg + bg) * (x @ Wu + bu) in x's dtype: a gated MLP's gate and up projections (each a GPTQ
+    Int4 layer, (qweight, qzeros, scales, bias), the same shapes, no act-order) in one launch that reads x
+    once and applies the activation as it writes; the down projection's input. Each projection is rounded
+    to x's dtype before silu, as two separate layers hand it over. Beyond 16 rows: two w4a16_matmul calls."""
+    _check_device(x)
+    _check_pair(gate, up)
+    x2 = x.reshape(-1, x.shape[-1])
+    if 0 < x2.shape[0] <= W4A16_MAX_ROWS and x2.is_contiguous():
+        y = w4a16_plan(x2, *gate[:3], None, gate[3], group_size, zero_format, tile, gated=True).run(
+            x2, *gate[:3], None, gate[3], second=up)
+    else:
+        g = w4a16_matmul(x2, *gate[:3], None, gate[3], group_size, zero_format)
+        u = w4a16_matmul(x2, *up[:3], None, up[3], group_size, zero_format)
+        y = (torch.nn.functional.silu(g.float()) * u.float()).to(x.dtype)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 # The op through torch.library's low-level registration: a schema, one Python kernel for CUDA and CPU, a fake
 # for the compiler. torch.library.custom_op would do the same with more Python around each call (measured
 # on the lent H100: 139 us an eager call through it against 74 for the function).
@@ -243,6 +283,26 @@ for _key in ("CUDA", "CPU"):
     _LIB.impl("w4a16_matmul", _w4a16_impl, _key)
 
 
+_LIB.define("w4a16_gated_silu(Tensor x, Tensor qweight, Tensor qzeros, Tensor scales, Tensor? bias, "
+            "Tensor up_qweight, Tensor up_qzeros, Tensor up_scales, Tensor? up_bias, int group_size, "
+            "int zero_format) -> Tensor")
+
+
+def _gated_impl(x, qweight, qzeros, scales, bias, up_qweight, up_qzeros, up_scales, up_bias, group_size, zero_format):
+    return w4a16_gated_silu(x, (qweight, qzeros, scales, bias), (up_qweight, up_qzeros, up_scales, up_bias),
+                            group_size, zero_format)
+
+
+for _key in ("CUDA", "CPU"):
+    _LIB.impl("w4a16_gated_silu", _gated_impl, _key)
+
+
+@torch.library.register_fake("quantlab::w4a16_gated_silu")
+def _gated_fake(x, qweight, qzeros, scales, bias, up_qweight, up_qzeros, up_scales, up_bias, group_size, zero_format):
+    torch._check(x.shape[-1] == qweight.shape[0] * 8)
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
 @torch.library.register_fake("quantlab::w4a16_matmul")
 def _w4a16_fake(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
     torch._check(x.shape[-1] == qweight.shape[0] * 8)
@@ -250,3 +310,4 @@ def _w4a16_fake(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
 
 
 w4a16_op = torch.ops.quantlab.w4a16_matmul.default   # what torch.compile sees: one node, in its CUDA graphs
+w4a16_gated_op = torch.ops.quantlab.w4a16_gated_silu.default

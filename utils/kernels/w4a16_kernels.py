@@ -15,6 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .gemv_kernels import gdc_launch_dependents, gdc_wait
+
 
 @triton.jit
 def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -111,15 +113,30 @@ def _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP: tl.constexpr
 
 
 @triton.jit
-def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M, K, N, stride_xm,
+def _silu_mul(g, u, out_dtype: tl.constexpr):
+    """silu(gate) * up from their fp32 sums, each first rounded to the output dtype as two separate layers
+    would hand it over, then one product in fp32 (as torch.compile fuses the activation): one rounding."""
+    g = g.to(out_dtype).to(tl.float32)
+    u = u.to(out_dtype).to(tl.float32)
+    return (g * tl.sigmoid(g) * u).to(out_dtype)
+
+
+@triton.jit
+def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr, b2_ptr,
+                  M, K, N, stride_xm,
                   GROUP: tl.constexpr, ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, HAS_BIAS: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr, UNPACK: tl.constexpr):
+                  PRECISION: tl.constexpr, UNPACK: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
     """One column block (program_id 0) over one range of K blocks (program_id 1). SPLIT_K == 1: y written
     here (bias added, in y's dtype); otherwise the fp32 partial goes to part_ptr [SPLIT_K, M, N].
     UNPACK 0 / 1: x [M, K] @ W tile (the weight the second operand; 1 loads each word once per row it feeds);
-    2 / 3: (W tile)^T @ x^T, the weight the first operand, unpacked by _dequant_tile_t (3: through PTX)."""
+    2 / 3: (W tile)^T @ x^T, the weight the first operand, unpacked by _dequant_tile_t (3: through PTX).
+    GATED (UNPACK 2 / 3): a second weight (qw2, qz2, s2, b2: an MLP's up projection beside its gate) on the
+    same x tile, and y = silu(x @ W + b) * (x @ W2 + b2); split, its partials follow the first's
+    [2 * SPLIT_K, M, N]. PDL: the sum kernel, launched as a programmatic dependent, may start now."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    if PDL:
+        gdc_launch_dependents()
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     rm = tl.arange(0, BLOCK_M)
@@ -129,14 +146,20 @@ def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M,
     first = pid_k * per
     last = tl.minimum(first + per, nkb)
     rk = tl.arange(0, BLOCK_K)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if UNPACK >= 2:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        accu = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         for kb in range(first, last):
-            w = _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, UNPACK == 3)
             xt = tl.load(x_ptr + rm[None, :] * stride_xm + (kb * BLOCK_K + rk)[:, None], mask=mmask[None, :],
                          other=0.0)
+            w = _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, UNPACK == 3)
             acc = tl.dot(w.to(xt.dtype), xt, acc, input_precision=PRECISION)
+            if GATED:
+                w2 = _dequant_tile_t(qw2_ptr, qz2_ptr, s2_ptr, kb, rn, nmask, N, GROUP, BLOCK_K, ZP_ADD, UNPACK == 3)
+                accu = tl.dot(w2.to(xt.dtype), xt, accu, input_precision=PRECISION)
         acc = tl.trans(acc)
+        acc2 = tl.trans(accu)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(first, last):
@@ -149,23 +172,44 @@ def w4a16_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, M,
     if SPLIT_K == 1:
         if HAS_BIAS:
             acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=omask)
+            if GATED:
+                acc2 += tl.load(b2_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
+        else:
+            out = acc.to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], out, mask=omask)
     else:
         tl.store(part_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=omask)
+        if GATED:
+            tl.store(part_ptr + ((SPLIT_K + pid_k) * M + rm[:, None]) * N + rn[None, :], acc2, mask=omask)
 
 
 @triton.jit
-def w4a16_sum_kernel(part_ptr, b_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    """y = sum of the SPLIT_K partials [SPLIT_K, M, N], in order 0, 1, ... (+ bias), in y's dtype."""
+def w4a16_sum_kernel(part_ptr, b_ptr, b2_ptr, y_ptr, MN, N, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr):
+    """y = sum of the SPLIT_K partials [SPLIT_K, M, N], in order 0, 1, ... (+ bias), in y's dtype; GATED:
+    silu(that) * (the same over the next SPLIT_K partials + b2). PDL: launched while the GEMM still runs,
+    it waits here for the GEMM's grid to finish and its stores to be visible (griddepcontrol.wait)."""
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = r < MN
+    if PDL:
+        gdc_wait()
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for k in tl.static_range(SPLIT_K):
-        acc += tl.load(part_ptr + k * MN + r, mask=mask, other=0.0)
+        acc += tl.load(part_ptr + k * MN + r, mask=mask, other=0.0, cache_modifier=".cg")
     if HAS_BIAS:
         acc += tl.load(b_ptr + r % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + r, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    if GATED:
+        acc2 = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in tl.static_range(SPLIT_K):
+            acc2 += tl.load(part_ptr + (SPLIT_K + k) * MN + r, mask=mask, other=0.0, cache_modifier=".cg")
+        if HAS_BIAS:
+            acc2 += tl.load(b2_ptr + r % N, mask=mask, other=0.0).to(tl.float32)
+        out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
+    else:
+        out = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + r, out, mask=mask)
 
 
 @triton.jit

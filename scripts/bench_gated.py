@@ -1,0 +1,143 @@
+"""A gated MLP's gate and up projections at Qwen2.5-7B's shapes: one fused launch against two, on a GPU.
+
+    python scripts/bench_gated.py --out DIR [--rows 1 16] [--sweep]
+
+Per M: silu(x @ Wg) * (x @ Wu) as the Int4 model ran it before (two w4a16_matmul calls, then torch's silu
+and product) against w4a16_gated_silu (one launch, x read once, silu as it writes), each with and without
+the sum kernel's programmatic dependent launch (PDL); beside it bf16's two F.linear and the same activation.
+Cold weights under CUDA-graph replay (utils.timing.time_cold), microseconds per MLP half; relative L2 of the
+fused result against float64 (the reference dequant). --sweep: fixed tiles of the fused launch.
+Writes bench_gated.md and bench_gated.json into --out (refuses a folder that has them).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from utils import metrics, timing  # noqa: E402
+from utils.kernels import cache, w4a16  # noqa: E402
+from utils.kernels.w4a16 import W4A16Tile, w4a16_gated_silu, w4a16_matmul  # noqa: E402
+
+K, N = 3584, 18944
+PDL_HERE = w4a16.gemv_pdl            # whether this GPU launches the sum kernel with PDL
+
+
+def cold_us(call, operands) -> float:
+    return statistics.median(timing.time_cold(call, operands, "cuda") for _ in range(3)) * 1e6
+
+
+def pdl(on: bool) -> None:
+    """Plans made from now on launch the sum kernel with PDL (where the GPU has it) or plainly."""
+    w4a16.gemv_pdl = PDL_HERE if on else (lambda x: False)
+    cache.gemv_plans.clear()
+
+
+def unfused(x, gq, gz, gs, uq, uz, us):
+    g = w4a16_matmul(x, gq, gz, gs, None, None, 128, 1)
+    u = w4a16_matmul(x, uq, uz, us, None, None, 128, 1)
+    return (torch.nn.functional.silu(g.float()) * u.float()).half()
+
+
+def fused(x, gq, gz, gs, uq, uz, us, tile=None):
+    return w4a16_gated_silu(x, (gq, gz, gs, None), (uq, uz, us, None), 128, 1, tile)
+
+
+def bf16(x, wg, wu):
+    return (torch.nn.functional.silu(torch.nn.functional.linear(x, wg).float())
+            * torch.nn.functional.linear(x, wu).float()).to(x.dtype)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gated: torch sees no GPU here; run it on the GPU machine")
+    if any(not 1 <= m <= 16 for m in args.rows):
+        raise SystemExit(f"--rows: {args.rows} must lie in 1..16 (the fused range)")
+    if (args.out / "bench_gated.json").exists():
+        raise SystemExit(f"--out: {args.out} already holds bench_gated.json; pass a new folder")
+    args.out.mkdir(parents=True, exist_ok=True)
+    from utils import gptq
+    gen = torch.Generator().manual_seed(0)
+    layers = []
+    for _ in range(2):
+        qw, qz, s = gptq.pack_gptq_int4(torch.randn(K, N, generator=gen) * 0.02, 128)
+        layers.append((qw.cuda(), qz.cuda(), s.cuda(), gptq.dequantize(qw, qz, s, None, 4, "gptq", 128).t()))
+    (gq, gz, gs, Wg), (uq, uz, us, Wu) = layers
+    wg, wu = (W.t().contiguous().to("cuda", torch.bfloat16) for W in (Wg, Wu))
+    meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": "python scripts/bench_gated.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    rows, sweep = [], []
+    for M in args.rows:
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to("cuda", torch.float16)
+        xd = x.double().cpu()
+        ref = torch.nn.functional.silu(xd @ Wg.double()) * (xd @ Wu.double())
+        ops = (x, gq, gz, gs, uq, uz, us)
+        row = {"M": M, "bf16_us": cold_us(bf16, (x.to(torch.bfloat16), wg, wu))}
+        for on in (False, True):
+            pdl(on)
+            tag = "pdl" if on else "plain"
+            y = fused(*ops)
+            row[f"fused_{tag}_us"] = cold_us(fused, ops)
+            row[f"unfused_{tag}_us"] = cold_us(unfused, ops)
+            row[f"fused_{tag}_same_bits"] = all(torch.equal(fused(*ops), y) for _ in range(3))
+        row["fused_rel"] = metrics.relative_l2(y.cpu(), ref)
+        row["unfused_rel"] = metrics.relative_l2(unfused(*ops).cpu(), ref)
+        row["fused_vs_unfused_max_abs"] = (y.float() - unfused(*ops).float()).abs().max().item()
+        rows.append(row)
+        print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
+        if args.sweep:
+            for bn, split, st in itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4)):
+                tile = W4A16Tile(bn, 128, split, 4, st, "ptx")
+                rec = {"M": M, **vars(tile)}
+                try:
+                    rec["rel"] = metrics.relative_l2(fused(*ops, tile).cpu(), ref)
+                    rec["us"] = cold_us(lambda *a, t=tile: fused(*a, t), ops)
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
+                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                sweep.append(rec)
+                print(f"  M={M} bn={bn} split={split} stages={st}: {rec.get('us')} us {rec.get('error', '')}", flush=True)
+        write(args.out, meta, rows, sweep)
+    print(markdown(meta, rows, sweep))
+    return 0
+
+
+def write(out: Path, meta, rows, sweep) -> None:
+    from utils.results import atomic_write_text
+    atomic_write_text(out / "bench_gated.json", json.dumps({"meta": meta, "rows": rows, "sweep": sweep}, indent=1))
+    atomic_write_text(out / "bench_gated.md", markdown(meta, rows, sweep))
+
+
+def markdown(meta, rows, sweep) -> str:
+    out = [f"# Gate and up, fused against two launches, {meta['device']} ({meta['date']})", "",
+           f"torch {meta['torch']}, Triton {meta['triton']}. `{meta['command']}`. Qwen2.5-7B's gate/up ({K} -> {N}, "
+           "x2), cold weights under CUDA-graph replay, us per MLP half (both projections and silu * up).", "",
+           "| M | two launches + torch silu | the same, PDL | fused | fused, PDL | bf16 | fused rel | unfused rel "
+           "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 10]
+    for r in rows:
+        out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['fused_plain_us']:.1f} "
+                   f"| {r['fused_pdl_us']:.1f} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} "
+                   f"| {r['fused_vs_unfused_max_abs']:.1e} | {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
+    if sweep:
+        out += ["", "| M | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|"]
+        out += [f"| {s['M']} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "
+                f"{s['us']:.1f} | {s['rel']:.2e} |" if "us" in s else
+                f"| {s['M']} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | {s['error']} | - |" for s in sweep]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
