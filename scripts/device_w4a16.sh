@@ -16,8 +16,9 @@
 # the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
-# `gated`: the kernel's tests, gate and up fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' to skip
-# its tile sweep), the 7B-shaped pair, Lab 03's own path (LAB03_LIMIT, default 320), then the decode profile (~9 minutes).
+# `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
+# fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' skips its tile sweep), the 7B-shaped pair, then
+# Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table.
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
 # Marlin), then (unless PROFILE=0) the decode profile under both attentions with lm-eval's stops (~9 minutes).
@@ -51,12 +52,18 @@ EOF
 MARLIN=$!
 
 if [ "${1:-all}" = gated ]; then
-  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
-    tee "$OUT/tests.log" | tail -2
+  STEPS=" ${GATED_STEPS:-tests bench lab03 profile} "
+  if [[ $STEPS == *" tests "* ]]; then
+    TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
+      tee "$OUT/tests.log" | tail -2
+  fi
   kill $MARLIN 2>/dev/null
-  say "gate and up: fused against two launches"
-  timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows 1 16 ${GATED_SWEEP:---sweep} 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
-  cp /tmp/gated/bench_gated.* "$OUT/" 2>/dev/null
+  if [[ $STEPS == *" bench "* ]]; then
+    say "gate and up: fused against two launches"
+    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows 1 16 ${GATED_SWEEP:---sweep} 2>&1 |
+      grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
+    cp /tmp/gated/bench_gated.* "$OUT/" 2>/dev/null
+  fi
   if [ ! -f "$W/gsm8k/test.jsonl" ]; then
     mkdir -p "$W/gsm8k"
     for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
@@ -64,17 +71,28 @@ if [ "${1:-all}" = gated ]; then
   fi
   say "building the 7B-shaped pair"
   timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
-  say "Lab 03 settings (${LAB03_LIMIT:-320} problems)"
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-240}" \
-    python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
-    --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
-    grep -v -i -e warn -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
-  cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
-  say "decode profile, grouped attention, lm-eval's stops"
-  timeout -k 10 --signal=INT $(( $(left) - 10 )) python3 scripts/profile_decode.py --golden "$W/models/bf16" \
-    --int4 "$W/models/gptq-int4" --gptq-backend quantlab --lm-eval-stops --out /tmp/profile 2>&1 |
-    grep -v -i -e warn -e "^INFO\|gc.collect" | tail -20
-  cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
+  for step in $STEPS; do
+    case $step in
+      profile)
+        say "decode profile, grouped attention, lm-eval's stops"
+        timeout -k 10 --signal=INT "${PROFILE_TIMEOUT:-$(( $(left) - 10 ))}" python3 scripts/profile_decode.py \
+          --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --gptq-backend quantlab --lm-eval-stops \
+          ${PROFILE_ARGS:-} --out /tmp/profile 2>&1 | grep -v -i -e "warn(" -e "^INFO\|gc.collect" | tail -20
+        cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null ;;
+      lab03)
+        say "Lab 03 settings (${LAB03_LIMIT:-320} problems)"
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-240}" \
+          python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
+          --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
+          grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
+        cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
+      kbench)
+        say "the kernel table at M = 1 and 16, eager calls"
+        timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 |
+          grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -12
+        cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null ;;
+    esac
+  done
   say "done"; exit 0
 fi
 if [ "${1:-all}" = model ]; then

@@ -15,7 +15,9 @@ its decode step compiled again for each): "sdpa" is transformers' own, which cop
 every query head; "sdpa_grouped" (the default; utils.attention) reads each K/V head once, as Lab 03's
 compiled decode does. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
 for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-step host cost: the criteria
-decode the last tokens of every row on the host, every step). Needs the models' tokenizers.
+decode the last tokens of every row on the host, every step). Needs the models' tokenizers. --int4-unfused:
+the Int4 model once more with each gated MLP's gate and up as two launches and torch's silu (what the fused
+launch, QuantlabGatedMLP, replaced), to measure what the fusion saves per step.
 Writes profile_decode.md and profile_decode.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -117,19 +119,44 @@ def kernel_us(model, ids, new, cache) -> dict:
     return out
 
 
-def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool) -> list[dict]:
-    """One profile of the model at `path` per attention in `attentions`."""
+class TwoLaunchMLP(torch.nn.Module):
+    """A QuantlabGatedMLP's projections called one by one: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = fused.gate_proj, fused.up_proj, fused.down_proj
+
+    def forward(self, x):
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def unfuse(model) -> int:
+    from utils.quantlab_linear import QuantlabGatedMLP
+    names = [n for n, m in model.named_modules() if isinstance(m, QuantlabGatedMLP)]
+    for n in names:
+        parent, _, child = n.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        setattr(holder, child, TwoLaunchMLP(getattr(holder, child)))
+    return len(names)
+
+
+def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool,
+                  two_launch_mlp: bool = False) -> list[dict]:
+    """One profile of the model at `path` per attention in `attentions` (two_launch_mlp: unfuse it first)."""
     from transformers import AutoTokenizer, StaticCache
 
     from utils.decode import _allow_compile
     from utils.models import load_model
 
     model = load_model(path, "cuda", backend=backend)
+    if two_launch_mlp and not unfuse(model):
+        raise SystemExit(f"--int4-unfused: {path} loaded with {backend} has no fused MLP to split")
     _allow_compile(model)
     tok = AutoTokenizer.from_pretrained(str(path)) if stops else None
     vocab = model.config.vocab_size
     ids = torch.randint(100, vocab - 100, (batch, prompt), generator=torch.Generator().manual_seed(0)).cuda()
-    layers = sorted({type(m).__name__ for m in model.modules() if hasattr(m, "qweight")})
+    layers = sorted({type(m).__name__ for m in model.modules()
+                     if hasattr(m, "qweight") or type(m).__name__ in ("QuantlabGatedMLP", "TwoLaunchMLP")})
     runs = []
     for attention in attentions:
         set_attention(model, attention)
@@ -175,6 +202,8 @@ def main(argv=None) -> int:
                     help="the attention(s) to profile each model under (default: sdpa_grouped)")
     ap.add_argument("--lm-eval-stops", action="store_true",
                     help="also time each step with lm-eval's gsm8k stopping criteria passed to generate")
+    ap.add_argument("--int4-unfused", action="store_true",
+                    help="also profile the Int4 model with each gated MLP's gate and up as two launches")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(set(args.attention)) != len(args.attention):
@@ -188,9 +217,11 @@ def main(argv=None) -> int:
         raise SystemExit("profile_decode: torch sees no GPU here; run it on the GPU machine")
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
-    for path, backend in ((args.golden, None), (args.int4, args.gptq_backend)):
+    models = [(args.golden, None, False), (args.int4, args.gptq_backend, False)]
+    models += [(args.int4, args.gptq_backend, True)] if args.int4_unfused else []
+    for path, backend, two in models:
         runs += profile_model(path, backend or "auto", args.attention, args.batch, args.prompt, args.cache,
-                              args.short, args.long, args.lm_eval_stops)
+                              args.short, args.long, args.lm_eval_stops, two)
         for r in runs[-len(args.attention):]:
             print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": args.batch,

@@ -326,13 +326,16 @@ def prompt_lengths(tokenizer, samples: list[dict]) -> dict:
 
 
 def _kernel_classes(lm) -> list[str] | None:
-    """The GPTQ layer classes of the model lm-eval ran (None for an unquantized or a vllm model)."""
+    """The GPTQ layer classes of the model lm-eval ran (None for an unquantized or a vllm model), with
+    QuantlabGatedMLP where gate and up ran as one launch."""
     model = getattr(lm, "_model", None)
     if model is None or not hasattr(model, "named_modules"):
         return None
     from .gptq import gptq_linear_modules
 
-    return sorted({type(m).__name__ for m in gptq_linear_modules(model).values()}) or None
+    names = {type(m).__name__ for m in gptq_linear_modules(model).values()}
+    names |= {type(m).__name__ for m in model.modules() if type(m).__name__ == "QuantlabGatedMLP"}
+    return sorted(names) or None
 
 
 def _lm_eval_version() -> str:
