@@ -28,7 +28,6 @@ from utils.kernels import cache, w4a16  # noqa: E402
 from utils.kernels.w4a16 import W4A16Tile, w4a16_gated_silu, w4a16_matmul  # noqa: E402
 
 K, N = 3584, 18944
-PDL_HERE = w4a16.gemv_pdl            # whether this GPU launches the sum kernel with PDL
 
 
 def cold_us(call, operands) -> float:
@@ -37,7 +36,7 @@ def cold_us(call, operands) -> float:
 
 def pdl(on: bool) -> None:
     """Plans made from now on launch the sum kernel with PDL (where the GPU has it) or plainly."""
-    w4a16.gemv_pdl = PDL_HERE if on else (lambda x: False)
+    w4a16.SUM_PDL = on
     cache.gemv_plans.clear()
 
 

@@ -18,7 +18,8 @@
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
 # fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' skips its tile sweep), the 7B-shaped pair, then
-# Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table.
+# Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table,
+# the trained fixture through quantlab against gptq_torch (fixture).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
 # Marlin), then (unless PROFILE=0) the decode profile under both attentions with lm-eval's stops (~9 minutes).
@@ -86,6 +87,11 @@ if [ "${1:-all}" = gated ]; then
           --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
           grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
         cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
+      fixture)
+        say "the trained fixture: quantlab against gptq_torch"
+        timeout 170 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 |
+          grep -v -i "warn(\|^INFO\|gc.collect\|it/s\]" | tail -6
+        cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
       kbench)
         say "the kernel table at M = 1 and 16, eager calls"
         timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 |

@@ -27,6 +27,10 @@ W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-c
 V1_ZERO_WORD = 0x11111111     # what the GPTQ v1 layout subtracted from each qzeros word (utils.gptq)
 SUM_BLOCK = 256
 ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus one), 2 = v2 (as is)
+# Launch the split-K sum kernel as a programmatic dependent (PDL, sm_90)? Off: alone it saved 0.6 us a call, but
+# in the compiled 7B decode step it cost ~0.7 ms per step (its early-resident programs wait beside the GEMM's;
+# docs/device-runs/20261127-w4a16-gated-h100).
+SUM_PDL = False
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                f"w4a16_gated_silu unpacks the weight as the first operand: tile.unpack 'join' or 'ptx', "
                f"got {tile.unpack!r}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, gated, gemv_pdl(x2))
+                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan
