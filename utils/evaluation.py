@@ -188,15 +188,23 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
     extra = {"batch_size": batch_size, "max_batch_size": max_batch_size,
              "device": None if backend == "vllm" or args.get("parallelize") else device}
     try:
-        if backend == "hf" and is_gptq(args["pretrained"]) and not args.get("parallelize"):
+        if backend == "hf" and is_gptq(args["pretrained"]):
             # lm-eval passes the checkpoint's own quantization_config to from_pretrained, so the GPTQModel
-            # kernel cannot be chosen through model_args; load it with utils.models' kernel policy instead.
+            # kernel cannot be chosen through model_args (GPTQModel's own choice on Hopper, Machete, downloads
+            # CUTLASS at load); load it with utils.models' kernel policy instead, sharded too (its device map).
             import torch
             from lm_eval.models.huggingface import HFLM
 
-            from .models import load_model, load_tokenizer
+            from . import models
+            from .models import load_tokenizer
 
-            model = load_model(args["pretrained"], device, getattr(torch, args["dtype"], None), backend=kernel)
+            dt = getattr(torch, args["dtype"], None)
+            if args.get("parallelize"):
+                per_gpu = args.get("max_memory_per_gpu")
+                memory = {i: per_gpu for i in range(torch.cuda.device_count())} if per_gpu else None
+                model = models.load_model(args["pretrained"], "cuda", dt, backend=kernel, shard=True, max_memory=memory)
+            else:
+                model = models.load_model(args["pretrained"], device, dt, backend=kernel)
             return HFLM(pretrained=model, tokenizer=load_tokenizer(args["pretrained"]), batch_size=batch_size,
                         max_batch_size=max_batch_size, max_length=args.get("max_length"))
         return lm_eval.api.registry.get_model(backend).create_from_arg_obj(args, extra)

@@ -136,9 +136,12 @@ def gptq_loading_config(path: str | Path, kernel: str):
     return GPTQConfig(bits=q["bits"], group_size=q.get("group_size", 128), backend=kernel)
 
 
-def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model"):
+def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model",
+               shard: bool = False, max_memory: dict | None = None):
     """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration,
-    with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model).
+    with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model). shard: a GPTQ
+    model split over the visible GPUs by accelerate's device map (device_map="auto", max_memory per card),
+    with the same kernel choice as on one card.
 
     Before anything loads: the kernel name (kernel_name), the weight files (a damaged one fails naming `param`,
     the file and what to do), and config.json against the weights' shapes (check_model).
@@ -154,8 +157,13 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
     dtype = dtype or default_dtype(path, device)
     kwargs = {"dtype": dtype}
     kernel = checkpoint_kernel(path, device, backend) if is_gptq(path) else None     # resolved once
+    if shard and kernel is None:
+        raise ValueError(f"{param}: load_model(shard=True) splits a GPTQ checkpoint; {path} is not one "
+                         "(an unquantized model is sharded by lm-eval's parallelize)")
     if kernel is not None:
-        kwargs["device_map"] = str(device)
+        kwargs["device_map"] = "auto" if shard else str(device)
+        if shard and max_memory:
+            kwargs["max_memory"] = max_memory
         kwargs["quantization_config"] = gptq_loading_config(path, kernel)
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if kernel is None:

@@ -13,6 +13,7 @@ Deterministic: split-K partials are summed in a fixed order.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -113,7 +114,14 @@ class W4A16Plan:
         self.calls = 0
 
     def run(self, x, qweight, qzeros, scales, g_idx, bias, second=None) -> torch.Tensor:
-        """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection."""
+        """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection.
+        Triton launches on the current device: a model sharded over GPUs calls with x on another one."""
+        if x.is_cuda and x.device.index != torch.cuda.current_device():
+            with torch.cuda.device(x.device):
+                return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
+        return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
+
+    def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
         part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
                                                       device=x.device, dtype=torch.float32)
@@ -210,10 +218,11 @@ def w4a16_dequant(qweight, qzeros, scales, g_idx=None, group_size: int = 128, ze
     _check_operands(probe, qweight, qzeros, scales, g_idx, None, group_size, zero_format)
     w = torch.empty((K, N), device=qweight.device, dtype=dtype)
     block_k, block_n = w4a16_block_k(K, group_size), (256 if interpreted() else 128)
-    w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
-        qweight, qzeros, scales, qweight if g_idx is None else g_idx, w, K, N, GROUP=group_size,
-        ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=g_idx is not None, BLOCK_N=block_n,
-        BLOCK_K=block_k)
+    with torch.cuda.device(qweight.device) if qweight.is_cuda else contextlib.nullcontext():   # sharded models
+        w4a16_dequant_kernel[(K // block_k, triton.cdiv(N, block_n))](
+            qweight, qzeros, scales, qweight if g_idx is None else g_idx, w, K, N, GROUP=group_size,
+            ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=g_idx is not None, BLOCK_N=block_n,
+            BLOCK_K=block_k)
     return w
 
 
