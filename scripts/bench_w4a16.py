@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from utils import gptq, metrics, timing  # noqa: E402
-from utils.kernels import cache, int4_gemv  # noqa: E402
+from utils.kernels import cache, int4_gemv, w4a16  # noqa: E402
 from utils.kernels.w4a16 import W4A16Tile, w4a16_default_tile, w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
 
 SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
@@ -155,6 +155,11 @@ def main(argv=None) -> int:
                 row["eager_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 row["eager_op_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 row["eager_replanned"] = cache.plans_made != plans
+                cache.gemv_plans.clear()
+                w4a16.SUM_PDL = True                     # the same call with its sum kernel launched with PDL
+                row["eager_pdl_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+                w4a16.SUM_PDL = False
+                cache.gemv_plans.clear()
                 if marlin:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
@@ -210,10 +215,12 @@ def markdown(meta, rows, sweep) -> str:
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
-            "| shape | w4a16_matmul us | torch.ops.quantlab.w4a16_matmul us | Marlin layer us |", "|---|---|---|---|"]
+            "| shape | w4a16_matmul us | the same, sum kernel with PDL | torch.ops.quantlab.w4a16_matmul us | Marlin layer us |",
+            "|---|---|---|---|---|"]
     for r in rows:
         if r["M"] == 1:
-            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r['eager_op_us'])} | {f(r.get('eager_marlin_us'))} |")
+            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_pdl_us'))} | {f(r['eager_op_us'])} "
+                       f"| {f(r.get('eager_marlin_us'))} |")
     if sweep:
         out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",
                 "| shape | M | unpack | block_n | warps | split_k | stages | us | rel | regs | spills |", "|" + "---|" * 11]

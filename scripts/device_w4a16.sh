@@ -70,8 +70,10 @@ if [ "${1:-all}" = gated ]; then
     for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
       ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
   fi
-  say "building the 7B-shaped pair"
-  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
+  if [[ $STEPS == *" lab03 "* || $STEPS == *" profile "* ]]; then
+    say "building the 7B-shaped pair"
+    timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
+  fi
   for step in $STEPS; do
     case $step in
       profile)

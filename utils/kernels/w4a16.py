@@ -29,8 +29,8 @@ V1_ZERO_WORD = 0x11111111     # what the GPTQ v1 layout subtracted from each qze
 SUM_BLOCK = 256
 ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus one), 2 = v2 (as is)
 # Launch the split-K sum kernel as a programmatic dependent (PDL, sm_90)? Off: alone it saved 0.6 us a call, but
-# in the compiled 7B decode step it cost ~0.7 ms per step (its early-resident programs wait beside the GEMM's;
-# docs/device-runs/20261127-w4a16-gated-h100).
+# the compiled 7B decode step was 0.11 ms slower with it (its early-resident programs wait beside the GEMM's;
+# docs/device-runs/20261127-w4a16-gated-h100, run3).
 SUM_PDL = False
 
 
@@ -127,12 +127,16 @@ class W4A16Plan:
                                                       device=x.device, dtype=torch.float32)
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
-        qw2, qz2, s2, b2 = second if second is not None else (qweight, qzeros, scales, bias)
-        b2 = b2 if b2 is not None else y
-        ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
         aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
-                   | b.data_ptr() | qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
-        self.calls += 1                                  # (y and part: fresh from the allocator, aligned)
+                   | b.data_ptr()) % 16 == 0             # y and part: fresh from the allocator, aligned
+        if second is None:
+            qw2, qz2, s2, b2 = qweight, qzeros, scales, b
+        else:
+            qw2, qz2, s2, b2 = second
+            b2 = b2 if b2 is not None else y
+            aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
+        ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
+        self.calls += 1
         self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
         if self.sum is not None:
             self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
