@@ -256,24 +256,21 @@ def test_int4_model_goes_to_lm_eval_with_the_chosen_gptq_kernel(monkeypatch):
 def test_a_sharded_int4_model_keeps_the_chosen_gptq_kernel(monkeypatch):
     """shard: true on a GPTQ checkpoint goes through the course's loader with accelerate's device map, not lm-eval's
     parallelize (which would let GPTQModel choose: on Hopper, Machete, which downloads CUTLASS at load time)."""
-    import torch
-
     from utils import models
 
     int4 = REPO / "fixtures" / "tiny-qwen2-gsm" / "gptq-int4"
     calls, real = [], models.load_model
 
-    def on_cpu(path, device, dtype=None, backend="auto", param="model", shard=False, max_memory=None):
-        calls.append({"device": device, "backend": backend, "shard": shard, "max_memory": max_memory})
+    def on_cpu(path, device, dtype=None, backend="auto", param="model", shard=False, max_memory_per_gpu=None):
+        calls.append({"device": device, "backend": backend, "shard": shard, "per_gpu": max_memory_per_gpu})
         return real(path, "cpu", dtype, backend=backend, param=param)     # a CPU cannot shard; the call is the test
 
     monkeypatch.setattr(models, "load_model", on_cpu)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("QUANTLAB_GPU_MEMORY_GIB", "24")
     monkeypatch.setenv("QUANTLAB_GPTQ_BACKEND", "gptq_torch")
     lm = ev.load_lm(str(int4), device="cpu", batch_size=1, param="int4_model", parallelize=True)
     assert calls == [{"device": "cuda", "backend": "auto", "shard": True,          # the policy resolves auto inside
-                      "max_memory": {0: "18.0GiB", 1: "18.0GiB"}}], calls
+                      "per_gpu": "18.0GiB"}], calls
     assert {type(m).__name__ for n, m in lm.model.named_modules() if n.endswith("_proj")} == {"TorchLinear"}
 
 

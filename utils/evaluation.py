@@ -20,6 +20,7 @@ from .decode import TimedGeneration, prepare_decode
 from .eval_settings import EvalInputError, EvalSettings
 from .prompt_cache import cache_templates
 from .gsm_synth import read_gsm8k
+from .gptq import gptq_kernel_classes
 from .models import is_gptq
 from .results import atomic_write_text
 
@@ -195,16 +196,11 @@ def load_lm(model_path: str, *, backend: str = "hf", device: str = "cpu", batch_
             import torch
             from lm_eval.models.huggingface import HFLM
 
-            from . import models
-            from .models import load_tokenizer
+            from .models import load_model, load_tokenizer
 
-            dt = getattr(torch, args["dtype"], None)
-            if args.get("parallelize"):
-                per_gpu = args.get("max_memory_per_gpu")
-                memory = {i: per_gpu for i in range(torch.cuda.device_count())} if per_gpu else None
-                model = models.load_model(args["pretrained"], "cuda", dt, backend=kernel, shard=True, max_memory=memory)
-            else:
-                model = models.load_model(args["pretrained"], device, dt, backend=kernel)
+            shard = bool(args.get("parallelize"))
+            model = load_model(args["pretrained"], "cuda" if shard else device, getattr(torch, args["dtype"], None),
+                               backend=kernel, shard=shard, max_memory_per_gpu=args.get("max_memory_per_gpu"))
             return HFLM(pretrained=model, tokenizer=load_tokenizer(args["pretrained"]), batch_size=batch_size,
                         max_batch_size=max_batch_size, max_length=args.get("max_length"))
         return lm_eval.api.registry.get_model(backend).create_from_arg_obj(args, extra)
@@ -274,7 +270,8 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
     record = {**{k: v for k, v in s.as_dict().items() if k not in UNRECORDED},
               "batch_sizes": res["config"].get("batch_sizes"), "prompt_tokens": prompts, "gptq_backend": kernel,
               "decode": recorder.summary() if recorder else {"decode": s.backend},
-              "gptq_kernels": _kernel_classes(lm), "dtype": resolve_dtype(model_path, s.device, s.dtype),
+              "gptq_kernels": gptq_kernel_classes(getattr(lm, "_model", None)),
+              "dtype": resolve_dtype(model_path, s.device, s.dtype),
               "data": {k: str(v) for k, v in (data_files or {}).items()} or "hub:openai/gsm8k",
               "lm_eval_version": _lm_eval_version()}
     return {"label": label, "model_path": str(model_path), "task": task, "n": len(problems),
@@ -331,19 +328,6 @@ def prompt_lengths(tokenizer, samples: list[dict]) -> dict:
             seen.add(s["doc_id"])
             counts.append(len(tokenizer.encode(s["arguments"][0][0], add_special_tokens=False)))
     return {"n": len(counts), "max": max(counts, default=0), "mean": sum(counts) / max(1, len(counts))}
-
-
-def _kernel_classes(lm) -> list[str] | None:
-    """The GPTQ layer classes of the model lm-eval ran (None for an unquantized or a vllm model), with
-    QuantlabGatedMLP where gate and up ran as one launch."""
-    model = getattr(lm, "_model", None)
-    if model is None or not hasattr(model, "named_modules"):
-        return None
-    from .gptq import gptq_linear_modules
-
-    names = {type(m).__name__ for m in gptq_linear_modules(model).values()}
-    names |= {type(m).__name__ for m in model.modules() if type(m).__name__ == "QuantlabGatedMLP"}
-    return sorted(names) or None
 
 
 def _lm_eval_version() -> str:

@@ -214,6 +214,16 @@ def gptq_linear_modules(model) -> dict:
     return {n: m for n, m in model.named_modules() if hasattr(m, "qweight") and hasattr(m, "qzeros")}
 
 
+def gptq_kernel_classes(model) -> list[str] | None:
+    """The GPTQ layer classes of a loaded model (None for an unquantized one, or no model), with
+    QuantlabGatedMLP where gate and up run as one launch: what a run records as its kernels."""
+    if model is None or not hasattr(model, "named_modules"):
+        return None
+    names = {type(m).__name__ for m in gptq_linear_modules(model).values()}
+    names |= {type(m).__name__ for m in model.modules() if type(m).__name__ == "QuantlabGatedMLP"}
+    return sorted(names) or None
+
+
 def _gptq_layout(module, qweight: torch.Tensor) -> bool:
     q, z = getattr(module, "qweight", None), getattr(module, "qzeros", None)
     return (isinstance(q, torch.Tensor) and isinstance(z, torch.Tensor) and q.dtype == torch.int32

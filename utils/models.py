@@ -137,11 +137,11 @@ def gptq_loading_config(path: str | Path, kernel: str):
 
 
 def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str = "auto", param: str = "model",
-               shard: bool = False, max_memory: dict | None = None):
+               shard: bool = False, max_memory_per_gpu: str | None = None):
     """A causal LM in eval mode on `device`; GPTQ checkpoints through transformers' GPTQ integration,
     with the GPTQModel kernel `backend` (see gptq_backend; ignored for an unquantized model). shard: a GPTQ
-    model split over the visible GPUs by accelerate's device map (device_map="auto", max_memory per card),
-    with the same kernel choice as on one card.
+    model split over the visible GPUs by accelerate's device map (device_map="auto", at most max_memory_per_gpu,
+    e.g. "18.0GiB", on each), with the same kernel choice as on one card.
 
     Before anything loads: the kernel name (kernel_name), the weight files (a damaged one fails naming `param`,
     the file and what to do), and config.json against the weights' shapes (check_model).
@@ -162,8 +162,9 @@ def load_model(path: str | Path, device: str = "cpu", dtype=None, backend: str =
                          "(an unquantized model is sharded by lm-eval's parallelize)")
     if kernel is not None:
         kwargs["device_map"] = "auto" if shard else str(device)
-        if shard and max_memory:
-            kwargs["max_memory"] = max_memory
+        if shard and max_memory_per_gpu:
+            import torch
+            kwargs["max_memory"] = {i: max_memory_per_gpu for i in range(torch.cuda.device_count())}
         kwargs["quantization_config"] = gptq_loading_config(path, kernel)
     model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if kernel is None:
