@@ -9,7 +9,8 @@ a scratch tensor and multiplied by cuBLAS: there the multiply, not the read, set
 It is a torch custom op (torch.ops.quantlab.w4a16_matmul, with a fake implementation), so torch.compile
 and its CUDA graphs take it whole, without a graph break. An eager call goes through a launch plan
 cached per (device, dtypes, shapes, options), as int4_gemv does, so Python costs little per call.
-Deterministic: split-K partials are summed in a fixed order.
+Deterministic: split-K partials are summed in a fixed order. w4a16_gated_silu (torch.ops.quantlab.
+w4a16_gated_silu) runs a gated MLP's gate and up projections in one launch, silu applied as it writes.
 """
 from __future__ import annotations
 

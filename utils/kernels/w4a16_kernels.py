@@ -8,7 +8,8 @@ act-order a g_idx [K] naming each row's group. The weight tile is dequantized ex
 reference does (s * (q - z), one rounding in the scales' dtype), then multiplied on the tensor cores
 (tl.dot, fp32 accumulation): a 16-row tile, of which a decode step at batch M uses M rows. A program
 sums a column block over a range of K blocks (split-K); the partials are added in a fixed order by a
-second kernel (the same bits every run). How a launch is planned is in w4a16.py.
+second kernel (the same bits every run). GATED: gate and up of an MLP in one program, silu(gate) * up
+written (w4a16_gated_silu). How a launch is planned is in w4a16.py.
 """
 from __future__ import annotations
 
