@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from utils import metrics, timing  # noqa: E402
-from utils.kernels import cache, w4a16  # noqa: E402
+from utils.kernels import w4a16  # noqa: E402
 from utils.kernels.w4a16 import W4A16Tile, w4a16_gated_silu, w4a16_matmul  # noqa: E402
 
 K, N = 3584, 18944
@@ -32,12 +32,6 @@ K, N = 3584, 18944
 
 def cold_us(call, operands) -> float:
     return statistics.median(timing.time_cold(call, operands, "cuda") for _ in range(3)) * 1e6
-
-
-def pdl(on: bool) -> None:
-    """Plans made from now on launch the sum kernel with PDL (where the GPU has it) or plainly."""
-    w4a16.SUM_PDL = on
-    cache.gemv_plans.clear()
 
 
 def unfused(x, gq, gz, gs, uq, uz, us):
@@ -87,7 +81,7 @@ def main(argv=None) -> int:
         ops = (x, gq, gz, gs, uq, uz, us)
         row = {"M": M, "bf16_us": cold_us(bf16, (x.to(torch.bfloat16), wg, wu))}
         for on in (False, True):
-            pdl(on)
+            w4a16.SUM_PDL = on                   # the sum kernel with PDL (where the GPU has it) or plainly
             tag = "pdl" if on else "plain"
             y = fused(*ops)
             row[f"fused_{tag}_us"] = cold_us(fused, ops)

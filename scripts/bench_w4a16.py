@@ -155,11 +155,9 @@ def main(argv=None) -> int:
                 row["eager_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 row["eager_op_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 row["eager_replanned"] = cache.plans_made != plans
-                cache.gemv_plans.clear()
                 w4a16.SUM_PDL = True                     # the same call with its sum kernel launched with PDL
                 row["eager_pdl_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 w4a16.SUM_PDL = False
-                cache.gemv_plans.clear()
                 if marlin:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6

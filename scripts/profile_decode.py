@@ -132,12 +132,10 @@ class TwoLaunchMLP(torch.nn.Module):
 
 
 def unfuse(model) -> int:
-    from utils.quantlab_linear import QuantlabGatedMLP
+    from utils.quantlab_linear import QuantlabGatedMLP, replace_submodule
     names = [n for n, m in model.named_modules() if isinstance(m, QuantlabGatedMLP)]
     for n in names:
-        parent, _, child = n.rpartition(".")
-        holder = model.get_submodule(parent) if parent else model
-        setattr(holder, child, TwoLaunchMLP(getattr(holder, child)))
+        replace_submodule(model, n, TwoLaunchMLP(model.get_submodule(n)))
     return len(names)
 
 
@@ -145,12 +143,12 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
                   two_launch_mlp: bool = False, pdl: bool = False) -> list[dict]:
     """One profile of the model at `path` per attention in `attentions` (two_launch_mlp: unfuse it first;
     pdl: its W4A16 sum kernels launched with PDL)."""
-    from utils.kernels import cache as kernel_cache, w4a16
+    from utils.kernels import w4a16
     w4a16.SUM_PDL = pdl
-    kernel_cache.gemv_plans.clear()
     from transformers import AutoTokenizer, StaticCache
 
     from utils.decode import _allow_compile
+    from utils.gptq import gptq_kernel_classes
     from utils.models import load_model
 
     model = load_model(path, "cuda", backend=backend)
@@ -160,8 +158,7 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
     tok = AutoTokenizer.from_pretrained(str(path)) if stops else None
     vocab = model.config.vocab_size
     ids = torch.randint(100, vocab - 100, (batch, prompt), generator=torch.Generator().manual_seed(0)).cuda()
-    layers = sorted({type(m).__name__ for m in model.modules()
-                     if hasattr(m, "qweight") or type(m).__name__ in ("QuantlabGatedMLP", "TwoLaunchMLP")})
+    layers = sorted((gptq_kernel_classes(model) or []) + (["TwoLaunchMLP"] if two_launch_mlp else []))
     runs = []
     for attention in attentions:
         set_attention(model, attention)

@@ -126,3 +126,16 @@ def test_an_mlp_of_another_formula_is_left_unfused_and_said():
         swap_gptq_linears(model)
     assert not isinstance(model.mlp, QuantlabGatedMLP) and isinstance(model.mlp.gate_proj, QuantlabLinear)
     assert any("is not down(silu(gate(x)) * up(x))" in str(w.message) for w in caught)
+
+
+def test_a_plan_is_made_per_sum_kernel_launch_setting(monkeypatch):
+    """w4a16.SUM_PDL is part of a plan's key: flipping it (a benchmark does) never reuses a plan made under the other."""
+    t, _ = layer(seed=31)
+    x = torch.randn(2, 256).to(DEVICE)
+    args = (x, t["qweight"], t["qzeros"], t["scales"], None, None, 64, 1)
+    plain = w4a16.w4a16_plan(*args)
+    monkeypatch.setattr(w4a16, "SUM_PDL", True)
+    flipped = w4a16.w4a16_plan(*args)
+    assert flipped is not plain and w4a16.w4a16_plan(*args) is flipped
+    monkeypatch.setattr(w4a16, "SUM_PDL", False)
+    assert w4a16.w4a16_plan(*args) is plain

@@ -127,7 +127,7 @@ def swap_gptq_linears(model: torch.nn.Module, fuse_mlp: bool = True) -> list[str
     if not names:
         raise ValueError("gptq_backend='quantlab': this model has no GPTQ quantized layer to run")
     for name in names:
-        _replace(model, name, QuantlabLinear(model.get_submodule(name)))
+        replace_submodule(model, name, QuantlabLinear(model.get_submodule(name)))
     if fuse_mlp:
         checked: dict[type, bool] = {}
         for name, mlp in [(n, m) for n, m in model.named_modules() if gated_mlp_fusable(m)]:
@@ -138,10 +138,11 @@ def swap_gptq_linears(model: torch.nn.Module, fuse_mlp: bool = True) -> list[str
                     warnings.warn(f"gptq_backend='quantlab': {type(mlp).__name__}'s forward is not "
                                   "down(silu(gate(x)) * up(x)); its projections run one launch each", stacklevel=2)
             if checked[type(mlp)]:
-                _replace(model, name, fused)
+                replace_submodule(model, name, fused)
     return names
 
 
-def _replace(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+def replace_submodule(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    """model's submodule `name` (dotted) becomes `new`."""
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, new)

@@ -186,7 +186,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile, gated)
+           group_size, zero_format, tile, gated, SUM_PDL)             # SUM_PDL: a switch a benchmark flips
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
