@@ -7,6 +7,10 @@
 #               time per count, generation per rank, where each launch's time went, sample for sample
 #               (McNemar). When the warm-up's rate says both do not fit, the most problems that do, named in
 #               7b-full.md (never called the whole test set).
+#   7b-one      7b-full over two calls (one call no longer holds both launches of all 1,319): the warm-up
+#   7b-many     and the 1-GPU launch, kept in $W/keep; then, in the next call on the same warm machine, the
+#               2-GPU launch of the same problems against it (BASELINE: another saved 1-GPU run; on a machine
+#               whose compile caches are empty, a warm-up first, and the md says so)
 #   int4-shard  the GPTQ-Int4 twin at Qwen2.5-14B's shapes (INT4_SHAPE=7b: 7B's; --int4-only, no BF16 folder)
 #               loaded with shard: true over both cards under the cap (utils.eval_parallel.evaluate with
 #               parallelize), 16 problems x 64 tokens: peaks per card, or GPTQModel's / transformers' exact
@@ -35,13 +39,15 @@ call_cmd="bash scripts/multigpu_7b.sh"
 [ -n "${MULTIGPU_BUDGET_S:-}" ] && call_cmd="MULTIGPU_BUDGET_S=$MULTIGPU_BUDGET_S $call_cmd"
 [ -n "${INT4_SHAPE:-}" ] && call_cmd="INT4_SHAPE=$INT4_SHAPE $call_cmd"
 [ -n "${PARTS:-}" ] && call_cmd="PARTS=\"$PARTS\" $call_cmd"
+[ -n "${BASELINE:-}" ] && call_cmd="BASELINE=$BASELINE $call_cmd"
 # the device-tool call each md names (MULTIGPU_CALL: give it where the call differed)
 export MULTIGPU_CALL=${MULTIGPU_CALL:-"run(kind='nvidia-h100-x2', carry=['.whl', '.gsm8k'], timeout_s=600, \
 command='$call_cmd')"}
 PARTS=${PARTS:-7b-full}
 INT4_SHAPE=${INT4_SHAPE:-14b}
-for p in $PARTS; do case "$p" in 7b-full|int4-shard|7b|fixture|14b) ;;
-  *) echo "multigpu_7b.sh: unknown part '$p' (7b-full, int4-shard, 7b, fixture, 14b)" >&2; exit 2 ;; esac; done
+for p in $PARTS; do case "$p" in 7b-full|7b-one|7b-many|int4-shard|7b|fixture|14b) ;;
+  *) echo "multigpu_7b.sh: unknown part '$p' (7b-full, 7b-one, 7b-many, int4-shard, 7b, fixture, 14b)" >&2; exit 2 ;;
+esac; done
 case "$INT4_SHAPE" in 7b|14b) ;; *) echo "multigpu_7b.sh: INT4_SHAPE '$INT4_SHAPE': 7b or 14b" >&2; exit 2 ;; esac
 mkdir -p "$OUT" "$W/peaks"
 say() { printf '[%s +%4ss] %s\n' "$(date -u +%H:%M:%S)" $(( $(date +%s) - T0 )) "$*" | tee -a "$OUT/multigpu.log"; }
@@ -100,6 +106,19 @@ for part in $PARTS; do
         bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
           --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --target-speedup 1.8 --name 7b-full || status=$?
       du -sh "$W/inductor" "$W/triton" 2>/dev/null | tee -a "$OUT/multigpu.log" ;;
+    7b-one)
+      need_real 7b-one && build 7b --shape 7b --bf16-only &&
+        bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
+          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --one-only --keep "$W/keep" \
+          --name 7b-one || status=$?
+      cp "$W/keep/7b-one-1gpu.json" "$OUT/" 2>/dev/null ;;
+    7b-many)   # the earlier call's 1-GPU run (or BASELINE, a copy of it carried on another machine)
+      base=${BASELINE:-$W/keep/7b-one-1gpu.json}
+      [ -f "$base" ] || { say "part 7b-many: no $base: run part 7b-one first (or carry its 7b-one-1gpu.json, BASELINE=)"; status=2; continue; }
+      need_real 7b-many && build 7b --shape 7b --bf16-only &&
+        bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
+          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --baseline "$base" \
+          --target-speedup 1.8 --name 7b-many || status=$? ;;
     int4-shard)   # whether GPTQModel/transformers split a GPTQ checkpoint over the cards: a few problems show it
       need_real int4-shard && build "$INT4_SHAPE-int4" --shape "$INT4_SHAPE" --int4-only &&
         bench shard --model "$W/models/$INT4_SHAPE-int4/gptq-int4" --data "$W/gsm8k" --batch 16 --limit 16 \

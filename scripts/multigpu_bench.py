@@ -17,6 +17,7 @@ fails writes them too, with the error. Both GPU counts are launched the same way
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -51,7 +52,8 @@ def _peaks(run: dict) -> list[dict]:
             for w in (run.get("parallel") or {}).get("workers", [])]
 
 
-def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: int, seconds: float) -> dict:
+def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: int, seconds: float,
+               counts: tuple[int, ...] | None = None) -> dict:
     """The most problems (target at most) whose 1-GPU and `gpus`-GPU launches both fit `seconds`, predicted from
     the generate calls of a warm-up launch's rank 0 (full batches, then a smaller one): its fixed cost (wall
     minus generation: start, load, lm-eval, exit); a steady full call (its seconds per step x max_gen_toks, a
@@ -59,7 +61,8 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
     warm caches (WARM_COMPILE_FRACTION of the warm-up's); and, for a launch whose last batch is smaller, what the
     warm-up's smaller last call cost beyond a full one (a new shape compiles again, cold: no launch has the same
     one; without such a call, none where the recorder pads a smaller batch, else the whole cold compile).
-    Below the target the limit is a multiple of batch x gpus (no smaller last batch)."""
+    Below the target the limit is a multiple of batch x gpus (no smaller last batch). counts: the GPU counts
+    launched in `seconds` (default 1 and gpus; a call that runs only the 1-GPU launch plans for it alone)."""
     w = warm["parallel"]["workers"][0]
     dec = w.get("decode") or {}
     calls = dec.get("per_call") or []
@@ -87,7 +90,7 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
         return fixed + compile_s + math.ceil(share / batch) * call + (last_s if share % batch else 0)
 
     def both(n: int) -> float:
-        return launch(n, 1) + launch(n, gpus)
+        return sum(launch(n, g) for g in (counts or (1, gpus)))
 
     out = {"seconds": seconds, "fixed_s": fixed, "call_s": call, "warm_compile_s": compile_s,
            "smaller_last_batch_s": last_s, "target": target}
@@ -135,39 +138,58 @@ def _launch_summary(run: dict) -> dict:
 
 def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     """Warm-up, plan, then the same problems on 1 and on N GPUs, each launched the same way so that their wall
-    times compare; a launch that fails or runs out of time is recorded, and no speed-up is claimed without both."""
+    times compare; a launch that fails or runs out of time is recorded, and no speed-up is claimed without both.
+    Over two device calls (each < 10 minutes): --one-only runs the warm-up and the 1-GPU launch and --keep
+    saves it; the next call's --baseline reads it back and runs the N-GPU launch on the same problems (a
+    warm-up first only where this machine's compile caches are empty: not the machine of the first call)."""
     left = args.budget_s if args.deadline is None else args.deadline - time.time()
     deadline = time.monotonic() + left
     total = len(read_gsm8k(data["test"]))
     target = total if args.limit == 0 else min(args.limit, total)
     s = settings.replace(batch_size=args.batch)
     detail = {"total": total, "target": target, "gpus": args.gpus, "decode": s.decode, "ran": None, "failed": {},
-              "tables": {}}
-    # the warm-up runs on every GPU the measured launches use: the compile caches serve the device they were
-    # made on, so a warm-up on GPU 0 alone leaves the other ranks compiling cold; each rank gets args.warmup
-    # problems, so rank 0 (what plan_limit reads) makes the calls it plans from
-    n = args.warmup * args.gpus
-    ws = warmup_settings(s, n, longest_prompt(args.model, data, n, s, args.work))
-    warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=args.gpus, data_files=data,
-                                 settings=ws, timeout_s=deadline - time.monotonic())
-    detail["warmup"] = {**_launch_summary(warm), "max_gen_toks": ws.max_gen_toks,
-                        "cache_len": (warm["settings"]["decode"] or {}).get("cache_len")}
-    plan = plan_limit(warm, target=target, gpus=args.gpus, batch=args.batch, max_gen_toks=args.max_gen_toks,
-                      seconds=deadline - time.monotonic() - MARGIN_S)
-    detail["plan"] = plan
-    phases = md.launch_rows(f"warm-up, {args.gpus} GPUs", warm, ep.worker_phases)
-    print(f"plan: {plan}", flush=True)
-    runs = {}
-    if plan["limit"] is not None:
-        for g in (1, args.gpus):
+              "tables": {}, "one_only": args.one_only}
+    runs, phases, plan = {}, [], None
+    if args.baseline:
+        runs[1] = json.loads(args.baseline.read_text())
+        detail["baseline"] = {"path": str(args.baseline), "launched_at": runs[1]["parallel"]["launched_at"]}
+        target = detail["target"] = runs[1]["n"]
+    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/nonexistent")
+    if not args.baseline or not any(cache.glob("*")):
+        # the warm-up runs on every GPU the measured launches use: the compile caches serve the device they were
+        # made on, so a warm-up on GPU 0 alone leaves the other ranks compiling cold; each rank gets args.warmup
+        # problems, so rank 0 (what plan_limit reads) makes the calls it plans from
+        n = args.warmup * args.gpus
+        ws = warmup_settings(s, n, longest_prompt(args.model, data, n, s, args.work))
+        warm = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-warmup", gpus=args.gpus,
+                                     data_files=data, settings=ws, timeout_s=deadline - time.monotonic())
+        detail["warmup"] = {**_launch_summary(warm), "max_gen_toks": ws.max_gen_toks,
+                            "cache_len": (warm["settings"]["decode"] or {}).get("cache_len")}
+        phases = md.launch_rows(f"warm-up, {args.gpus} GPUs", warm, ep.worker_phases)
+        counts = (args.gpus,) if args.baseline else (1,) if args.one_only else (1, args.gpus)
+        plan = plan_limit(warm, target=target, gpus=args.gpus, batch=args.batch, max_gen_toks=args.max_gen_toks,
+                          seconds=deadline - time.monotonic() - MARGIN_S, counts=counts)
+        if args.baseline and plan["limit"] != target:
+            plan.update(limit=None, why=f"the {args.gpus}-GPU launch of the baseline's {target:,} problems would not "
+                        f"fit the time left ({plan['why'] or plan['limit']})")
+        detail["plan"] = plan
+        print(f"plan: {plan}", flush=True)
+    if args.baseline:
+        phases += md.launch_rows("1 GPU (the earlier call)", runs[1], ep.worker_phases)
+    limit = target if plan is None else plan["limit"]
+    if limit is not None:
+        for g in [g for g in (1, args.gpus) if g not in runs and not (args.one_only and g > 1)]:
             try:
                 runs[g] = ep.run_gsm8k_parallel(args.model, args.work, label=f"{args.name}-{g}gpu", gpus=g,
-                                                data_files=data, settings=s.replace(limit=plan["limit"]),
+                                                data_files=data, settings=s.replace(limit=limit),
                                                 timeout_s=max(deadline - time.monotonic() + OVERRUN_S, 1))
             except ep.WorkerError as exc:
                 detail["failed"][g] = str(exc)
                 break
             phases += md.launch_rows(f"{g} GPU{'s' if g > 1 else ''}", runs[g], ep.worker_phases)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(args.keep / f"{args.name}-{g}gpu.json", runs[g])
     rows = []
     for g, run in runs.items():
         rows.append({"GPUs": g, "problems": run["n"], "wall s": round(run["parallel"]["wall_seconds"], 1),
@@ -191,7 +213,7 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
             "strict-match %, 1 GPU": round(100 * c["acc_one"], 2), f"strict-match %, {args.gpus} GPUs":
             round(100 * c["acc_many"], 2), "McNemar p": round(c["mcnemar_p"], 4),
             "first differing": c["first_differing"]}]
-    elif plan["limit"] is None:
+    elif plan is not None and plan["limit"] is None:
         detail["error"] = plan["why"]
     detail["tables"]["Where each launch's wall time went, per rank (s)"] = (PHASES, phases)
     detail["peaks"] = {g: _peaks(r) for g, r in runs.items()}
@@ -283,6 +305,10 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=450, help="full: seconds for the warm-up and both launches")
     ap.add_argument("--deadline", type=float, default=None, help="full: instead of --budget-s, the epoch second "
                     "by which they must be done (the caller's clock: this script's imports count)")
+    ap.add_argument("--one-only", action="store_true", help="full: the warm-up and the 1-GPU launch only")
+    ap.add_argument("--keep", type=Path, help="full: save each measured launch's run as <keep>/<name>-<g>gpu.json")
+    ap.add_argument("--baseline", type=Path, help="full: a 1-GPU run saved by --keep: only the N-GPU launch runs, "
+                    "on its problems, compared with it")
     ap.add_argument("--target-speedup", type=float, default=None, help="full: the wall speed-up the md checks")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--decode", default="eager", choices=("eager", "compiled"))

@@ -77,6 +77,9 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
     if ran is None and detail.get("failed"):
         out.append("**No comparison**: a launch did not complete in the time left (below); a 1-GPU run that did "
                    "is in the tables alone, and no speed-up is claimed.")
+    elif ran is None and detail.get("one_only"):
+        out.append(f"**The 1-GPU launch only** ({plan.get('limit') or 0:,} problems): the {detail['gpus']}-GPU "
+                   "launch runs in the next call (--baseline), and the comparison is in its file.")
     elif ran is None:
         out.append(f"**No full run**: {plan.get('why') or detail.get('error') or 'see the log'}.")
     elif ran == total:
@@ -103,10 +106,19 @@ def full_notes(detail: dict, target_speedup: float | None) -> list[str]:
         gpus = f"{warm['gpus']} GPU{'s' if warm['gpus'] != 1 else ''}"
         out.append(f"A warm-up launch ({gpus}, {warm['n']} problems{cache}, {warm['wall_s']:.1f} s, its "
                    f"first generate call {first}) ran before "
-                   f"both measured launches, so the 1-GPU and the {detail['gpus']}-GPU runs found the same warm "
-                   f"TorchInductor and Triton caches ({caches})"
+                   + (f"both measured launches, so the 1-GPU and the {detail['gpus']}-GPU runs found the same warm "
+                      if not (detail.get("one_only") or detail.get("baseline")) else "this call's measured launch, "
+                      "so it found warm ")
+                   + f"TorchInductor and Triton caches ({caches})"
                    + ("; each rank still traces and captures its own decode step, and that time is in its first "
                       "call below." if compiled else "; with eager decode nothing of the model is compiled."))
+    base = detail.get("baseline")
+    if base:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(base["launched_at"]))
+        out.append(f"The 1-GPU launch is an earlier call's (launched {when}, read from `{base['path']}`); "
+                   + ("this call's warm-up means it ran on another machine of the same kind, or found no compile "
+                      "caches." if warm else f"this call found the compile caches its warm-up left, on the same "
+                      f"machine, and ran only the {detail['gpus']}-GPU launch."))
     su = detail.get("speedup_wall")
     if su is not None and target_speedup:
         verdict = "met" if su >= target_speedup else "**not met**"

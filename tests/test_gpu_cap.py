@@ -91,3 +91,22 @@ def test_a_kernel_killed_at_shutdown_still_leaves_its_record(tmp_path):
     rec = json.loads((tmp_path / "peaks" / "03_x.json").read_text())
     assert rec["label"] == "03_x" and rec["cap"]["cap_gib"] == 24.0
     assert rec["kernel_seconds"] >= 0.6                            # refreshed while it ran, not only at start
+
+
+def test_final_peaks_are_written_by_a_process_that_skips_its_teardown(tmp_path):
+    """A data-parallel worker leaves through os._exit (no atexit): write_final_peaks gives the peaks file its
+    last state first, so the run's memory record covers the whole process."""
+    import os
+    import subprocess
+    import sys
+
+    lab = tmp_path / "03_x"
+    lab.mkdir()
+    code = ("import os, time\nfrom utils import gpu_cap\ngpu_cap.kernel_hook(interval_s=600)\n"
+            "time.sleep(1.0)\ngpu_cap.write_final_peaks()\nos._exit(0)\n")
+    env = {**os.environ, gpu_cap.CAP_ENV: "24", gpu_cap.PEAKS_ENV: str(tmp_path / "peaks"),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run([sys.executable, "-c", code], cwd=lab, env=env, check=True, timeout=60)
+    rec = json.loads((tmp_path / "peaks" / "03_x.json").read_text())
+    assert rec["kernel_seconds"] >= 0.9                            # the final write, not the one at start
+    gpu_cap.write_final_peaks()                                     # this process never hooked: nothing to write

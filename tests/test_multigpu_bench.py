@@ -138,6 +138,31 @@ def test_a_full_part_on_two_cpu_processes_writes_a_kept_run(tmp_path, monkeypatc
         bench.main(args)
 
 
+def test_a_full_part_split_over_two_calls_compares_the_kept_1_gpu_run(tmp_path, monkeypatch):
+    """--one-only keeps the warm-up and the 1-GPU launch; --baseline then runs only the N-GPU launch on the same
+    problems, with no warm-up where this machine's compile caches are there, and claims the speed-up."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    common = ["full", "--model", str(FIXTURE / "bf16"), "--data", str(FIXTURE / "data"), "--limit", "6", "--batch", "2",
+              "--gpus", "2", "--warmup", "2", "--deadline", str(time.time() + 900), "--max-gen-toks", "8",
+              "--device", "cpu", "--out", str(tmp_path)]
+    assert bench.main(common + ["--one-only", "--keep", str(tmp_path / "keep"), "--name", "one"]) == 0
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert [r["GPUs"] for r in one["rows"]] == [1] and one["detail"]["ran"] is None
+    assert "**The 1-GPU launch only** (6 problems)" in (tmp_path / "one.md").read_text()
+    kept = tmp_path / "keep" / "one-1gpu.json"
+    assert json.loads(kept.read_text())["n"] == 6
+    (tmp_path / "inductor" / "fxgraph").mkdir(parents=True, exist_ok=True)   # the first call's caches, here
+    assert bench.main(common + ["--baseline", str(kept), "--target-speedup", "1.8", "--name", "many"]) == 0
+    many = json.loads((tmp_path / "many.json").read_text())
+    d = many["detail"]
+    assert "warmup" not in d and d["ran"] == 6 and d["compare"]["n"] == 6 and d["baseline"]["path"] == str(kept)
+    assert [r["GPUs"] for r in many["rows"]] == [1, 2] and "speed-up, wall" in many["rows"][1]
+    _, phases = d["tables"]["Where each launch's wall time went, per rank (s)"]
+    assert [r["launch"] for r in phases] == ["1 GPU (the earlier call)", "2 GPUs", "2 GPUs"]
+    text = (tmp_path / "many.md").read_text()
+    assert "The 1-GPU launch is an earlier call's" in text and "found the compile caches" in text
+
+
 def test_a_shard_that_fails_is_kept_as_the_finding(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise ValueError("device_map with several GPUs is not supported for this quantization method")

@@ -106,7 +106,6 @@ def _read(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
 
-
 # torch.distributed's elastic agent (under accelerate launch) reports the first rank that died, also one
 # killed by a signal (the kernel's OOM killer) that had no chance to write its status
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
@@ -316,16 +315,14 @@ def agreement(path: str, out_dir: str | Path, *, problems: int, gpus: int = 1, e
 
 
 def worker_settings(cfg: dict, device: str) -> EvalSettings:
-    """A rank's settings: the lab's, as run_gsm8k_parallel wrote them (decode, batch, cap-relevant lengths
-    included), on this rank's own device."""
+    """A rank's settings: the lab's, as run_gsm8k_parallel wrote them, on this rank's own device."""
     return EvalSettings.from_params(**{**cfg["settings"], "device": device})
 
 
 def _decode_brief(decode: dict | None) -> dict | None:
     """A rank's decode summary (utils.decode: every generate call's batch, steps, seconds) and its batch sizes."""
-    if not decode:
-        return None
-    return {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", []) if c.get("batch")})}
+    return None if not decode else {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", [])
+                                                                 if c.get("batch")})}
 
 
 def worker_phases(status: dict, launched_at: float, wall: float) -> dict:
@@ -390,5 +387,14 @@ def _worker(config_path: str) -> int:
     return 0
 
 
+def _leave(rc: int) -> None:
+    """Its files written, a worker skips the interpreter's teardown (compile workers, NCCL, CUDA context):
+    seconds every launch pays, undivided by N GPUs (scripts/launch_costs.py measures it)."""
+    from . import gpu_cap
+    gpu_cap.write_final_peaks()
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1]))
+    _leave(_worker(sys.argv[1]))

@@ -113,8 +113,18 @@ def kernel_hook(interval_s: float = 2.0, label: str | None = None) -> dict | Non
                 write_peaks(folder, label, cap, started)
 
         threading.Thread(target=refresh, name="quantlab-peaks", daemon=True).start()
-        atexit.register(write_peaks, folder, label, cap, started)
+        _HOOKED[:] = [(folder, label, cap, started)]
+        atexit.register(write_final_peaks)
     return cap
+
+
+_HOOKED: list[tuple] = []      # kernel_hook's peaks file, for write_final_peaks
+
+
+def write_final_peaks() -> None:
+    """The peaks file's last write (at exit; a process that leaves through os._exit calls it first)."""
+    for args in _HOOKED:
+        write_peaks(*args)
 
 
 SHARD_WEIGHTS_FRACTION = 0.75   # of the cap: the rest of each card is for the KV cache and activations
