@@ -280,3 +280,15 @@ def test_load_model_shards_only_a_gptq_checkpoint():
     with pytest.raises(ValueError, match="splits a GPTQ checkpoint") as e:
         models.load_model(REPO / "fixtures" / "tiny-qwen2-gsm" / "bf16", "cpu", shard=True)
     record("load_model", "shard=True on an unquantized model", str(e.value))
+
+
+def test_prompt_lengths_count_each_problem_once_as_the_tokenizer_does():
+    from utils.models import load_tokenizer
+
+    tok = load_tokenizer(str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-qwen2-gsm" / "bf16"))
+    texts = ["Question: 3 + 4?\nAnswer:", "Question: a much longer problem with 12 and 345 in it?\nAnswer:"]
+    samples = [{"doc_id": i, "arguments": [[t, {}]]} for i, t in enumerate(texts) for _ in ("strict", "flexible")]
+    got = ev.prompt_lengths(tok, samples)
+    want = [len(tok.encode(t, add_special_tokens=False)) for t in texts]
+    assert got == {"n": 2, "max": max(want), "mean": sum(want) / 2} and want[0] < want[1]
+    assert ev.prompt_lengths(tok, []) == {"n": 0, "max": 0, "mean": 0.0}
