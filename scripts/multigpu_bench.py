@@ -288,6 +288,27 @@ def shard(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     return [row], info
 
 
+def check_baseline(args) -> None:
+    """--baseline must be a 1-GPU `full` run of this model, batch, decode and lengths (--keep wrote it), or the
+    comparison would be of two different things."""
+    if args.mode != "full" or args.one_only:
+        raise SystemExit("--baseline: only with `full` and without --one-only (it is the other half of one)")
+    try:
+        run = json.loads(args.baseline.read_text())
+        got = {"GPUs": run["parallel"]["gpus"], "model": run["model_path"], "batch": run["settings"]["batch_size"],
+               "decode": run["settings"]["decode"]["decode"], "max_gen_toks": run["settings"]["max_gen_toks"],
+               "max_length": run["settings"]["max_length"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--baseline: {args.baseline} is not a 1-GPU run kept by `full --one-only --keep DIR` "
+                         f"({type(exc).__name__}: {exc}); run that first, on this machine") from exc
+    want = {"GPUs": 1, "model": str(args.model), "batch": args.batch, "decode": args.decode,
+            "max_gen_toks": args.max_gen_toks, "max_length": args.max_length}
+    differ = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    if differ:
+        raise SystemExit(f"--baseline: {args.baseline} ran with other settings than this call's: "
+                         + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("full", "compare", "shard"))
@@ -322,6 +343,8 @@ def main(argv=None) -> int:
     for f in (out_md, out_js):
         if f.exists():
             raise SystemExit(f"--out: {f} exists already; give another --name or --out (nothing is overwritten)")
+    if args.baseline:
+        check_baseline(args)
     args.work = args.out / f"{args.name}-work"
     data = ev.data_files_from_folder(args.data, param="--data")
     settings = EvalSettings.from_params(dtype=args.dtype, decode=args.decode, max_gen_toks=args.max_gen_toks,

@@ -161,6 +161,13 @@ def test_a_full_part_split_over_two_calls_compares_the_kept_1_gpu_run(tmp_path, 
     assert [r["launch"] for r in phases] == ["1 GPU (the earlier call)", "2 GPUs", "2 GPUs"]
     text = (tmp_path / "many.md").read_text()
     assert "The 1-GPU launch is an earlier call's" in text and "found the compile caches" in text
+    other = [a if a != "2" or common[i - 1] != "--batch" else "4" for i, a in enumerate(common)]
+    with pytest.raises(SystemExit, match="batch 2 there, 4 here"):             # not the same thing measured
+        bench.main(other + ["--baseline", str(kept), "--name", "many-bs4"])
+    with pytest.raises(SystemExit, match="--baseline: .* is not a 1-GPU run kept by"):
+        bench.main(common + ["--baseline", str(tmp_path / "one.md"), "--name", "many-md"])
+    with pytest.raises(SystemExit, match="without --one-only"):
+        bench.main(common + ["--baseline", str(kept), "--one-only", "--name", "many-both"])
 
 
 def test_a_shard_that_fails_is_kept_as_the_finding(tmp_path, monkeypatch):
