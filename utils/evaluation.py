@@ -10,7 +10,6 @@ throughput (problems/s, generated tokens/s of the generation phase).
 """
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -261,11 +260,11 @@ def run_gsm8k(model_path: str, out_dir: str | Path, *, label: str, data_files: d
         raise EvalInputError(f"max_length: {s.max_length} is too short for this GSM8K: the longest prompt has "
                              f"{prompts['max']} tokens + max_gen_toks {s.max_gen_toks}, so lm-eval cut prompts "
                              f"from the left; set max_length >= {prompts['max'] + s.max_gen_toks}")
-    saved = _save(tracker, res, task, out_dir, lab_out)
     problems = _per_problem(samples)
     r = res["results"][task]
     accuracy = {f: {"acc": float(r[f"exact_match,{f}"]), "stderr": float(r[f"exact_match_stderr,{f}"])}
                 for f in FILTERS}
+    saved = _save(tracker, res, task, out_dir, lab_out)       # last: lm-eval rewrites the samples as it saves them
     secs = timer.seconds
     record = {**{k: v for k, v in s.as_dict().items() if k not in UNRECORDED},
               "batch_sizes": res["config"].get("batch_sizes"), "prompt_tokens": prompts, "gptq_backend": kernel,
@@ -309,10 +308,10 @@ def _simple_evaluate(lm, model_path, task: str, tm, tracker, s: EvalSettings, ke
 
 
 def _save(tracker, res: dict, task: str, out_dir: Path, lab_out: Path) -> list[str]:
-    """lm-eval's own results and samples files under out_dir; their paths relative to the lab folder."""
-    tracker.save_results_aggregated(results=copy.deepcopy({k: v for k, v in res.items() if k != "samples"}),
-                                    samples=copy.deepcopy(res["samples"]))
-    tracker.save_results_samples(task_name=task, samples=copy.deepcopy(res["samples"][task]))
+    """lm-eval's own results and samples files under out_dir; their paths relative to the lab folder. The
+    samples are lm-eval's to rewrite as it saves them (no copy): the caller has read what it needs."""
+    tracker.save_results_aggregated(results={k: v for k, v in res.items() if k != "samples"}, samples=res["samples"])
+    tracker.save_results_samples(task_name=task, samples=res["samples"][task])
     saved = sorted(str(p.relative_to(lab_out)) for p in out_dir.rglob("*.json*")
                    if p.name.startswith(("results_", "samples_")))
     if not any(Path(p).name.startswith("samples_") for p in saved):
