@@ -106,6 +106,7 @@ def _read(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
 
+
 # torch.distributed's elastic agent (under accelerate launch) reports the first rank that died, also one
 # killed by a signal (the kernel's OOM killer) that had no chance to write its status
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)"
@@ -388,8 +389,7 @@ def _worker(config_path: str) -> int:
 
 
 def _leave(rc: int) -> None:
-    """Its files written, a worker skips the interpreter's teardown (compile workers, NCCL, CUDA context):
-    seconds every launch pays, undivided by N GPUs (scripts/launch_costs.py measures it)."""
+    """Files written, leave without the interpreter's teardown: seconds each launch pays (scripts/launch_costs.py)."""
     from . import gpu_cap
     gpu_cap.write_final_peaks()
     sys.stdout.flush(), sys.stderr.flush()
