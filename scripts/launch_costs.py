@@ -6,7 +6,8 @@ a worker would, on one GPU, and prints a table:
 
 - imports: python alone, torch, transformers, lm-eval's HF model, the worker's own module;
 - load: lm-eval's HFLM as a worker builds it (utils.evaluation.load_lm), transformers' from_pretrained onto
-  the GPU (async loader on, off), and the raw safetensors files read onto the GPU (the floor);
+  the GPU (async loader on, off), and the raw safetensors files read onto the GPU (the floor); each time
+  includes the process's CUDA context, which the load creates;
 - exit: a process holding the model on the GPU after a compiled call, from its last line to gone, when
   it exits normally and when it leaves through os._exit (what the worker does once its files are written).
 """
