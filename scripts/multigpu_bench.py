@@ -89,19 +89,19 @@ def plan_limit(warm: dict, *, target: int, gpus: int, batch: int, max_gen_toks: 
         share = math.ceil(n / g)
         return fixed + compile_s + math.ceil(share / batch) * call + (last_s if share % batch else 0)
 
-    def both(n: int) -> float:
+    def every(n: int) -> float:             # the launches this call makes, one after the other
         return sum(launch(n, g) for g in (counts or (1, gpus)))
 
     out = {"seconds": seconds, "fixed_s": fixed, "call_s": call, "warm_compile_s": compile_s,
            "smaller_last_batch_s": last_s, "target": target}
     rounds = batch * gpus
     for n in [target] + list(range(target // rounds * rounds, 0, -rounds)):
-        if both(n) <= seconds:
-            why = "" if n == target else (f"{target:,} would take about {both(target):.0f} s: {launch(target, 1):.0f} "
+        if every(n) <= seconds:
+            why = "" if n == target else (f"{target:,} would take about {every(target):.0f} s: {launch(target, 1):.0f} "
                                           f"on 1 GPU and {launch(target, gpus):.0f} on {gpus}")
             return {**out, "limit": n, "predicted_s": {1: launch(n, 1), gpus: launch(n, gpus)}, "why": why}
     return {**out, "limit": None, "predicted_s": {}, "why": f"even {rounds} problems on 1 and {gpus} GPUs would take "
-            f"about {both(rounds):.0f} s, more than the {seconds:.0f} s left"}
+            f"about {every(rounds):.0f} s, more than the {seconds:.0f} s left"}
 
 
 def longest_prompt(model: str, data: dict, n: int, settings: EvalSettings, work: Path) -> int:
@@ -151,7 +151,7 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
               "tables": {}, "one_only": args.one_only}
     runs, phases, plan = {}, [], None
     if args.baseline:
-        runs[1] = json.loads(args.baseline.read_text())
+        runs[1] = args.baseline_run
         detail["baseline"] = {"path": str(args.baseline), "launched_at": runs[1]["parallel"]["launched_at"]}
         target = detail["target"] = runs[1]["n"]
     cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/nonexistent")
@@ -188,7 +188,6 @@ def full(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
                 break
             phases += md.launch_rows(f"{g} GPU{'s' if g > 1 else ''}", runs[g], ep.worker_phases)
             if args.keep:
-                args.keep.mkdir(parents=True, exist_ok=True)
                 atomic_write_json(args.keep / f"{args.name}-{g}gpu.json", runs[g])
     rows = []
     for g, run in runs.items():
@@ -288,9 +287,9 @@ def shard(args, data: dict, settings: EvalSettings) -> tuple[list[dict], dict]:
     return [row], info
 
 
-def check_baseline(args) -> None:
-    """--baseline must be a 1-GPU `full` run of this model, batch, decode and lengths (--keep wrote it), or the
-    comparison would be of two different things."""
+def check_baseline(args) -> dict:
+    """The run --baseline names: a 1-GPU `full` run of this model, batch, decode and lengths (--keep wrote it),
+    or the comparison would be of two different things."""
     if args.mode != "full" or args.one_only:
         raise SystemExit("--baseline: only with `full` and without --one-only (it is the other half of one)")
     try:
@@ -307,6 +306,7 @@ def check_baseline(args) -> None:
     if differ:
         raise SystemExit(f"--baseline: {args.baseline} ran with other settings than this call's: "
                          + ", ".join(f"{k} {a!r} there, {b!r} here" for k, (a, b) in differ.items()))
+    return run
 
 
 def main(argv=None) -> int:
@@ -343,8 +343,14 @@ def main(argv=None) -> int:
     for f in (out_md, out_js):
         if f.exists():
             raise SystemExit(f"--out: {f} exists already; give another --name or --out (nothing is overwritten)")
-    if args.baseline:
-        check_baseline(args)
+    if (args.one_only or args.keep) and args.mode != "full":
+        raise SystemExit("--one-only and --keep: only with `full` (its 1-GPU launch, kept for a later --baseline)")
+    args.baseline_run = check_baseline(args) if args.baseline else None
+    if args.keep:
+        try:                                  # before any launch: a launch measured and then not kept is lost
+            args.keep.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SystemExit(f"--keep: cannot make {args.keep} ({exc}); give a folder this user can write") from exc
     args.work = args.out / f"{args.name}-work"
     data = ev.data_files_from_folder(args.data, param="--data")
     settings = EvalSettings.from_params(dtype=args.dtype, decode=args.decode, max_gen_toks=args.max_gen_toks,

@@ -168,6 +168,11 @@ def test_a_full_part_split_over_two_calls_compares_the_kept_1_gpu_run(tmp_path, 
         bench.main(common + ["--baseline", str(tmp_path / "one.md"), "--name", "many-md"])
     with pytest.raises(SystemExit, match="without --one-only"):
         bench.main(common + ["--baseline", str(kept), "--one-only", "--name", "many-both"])
+    with pytest.raises(SystemExit, match="--keep: cannot make .* give a folder this user can write"):
+        bench.main(common + ["--one-only", "--keep", str(tmp_path / "one.md" / "keep"), "--name", "keep-bad"])
+    assert not (tmp_path / "keep-bad-work").exists()                      # refused before any launch
+    with pytest.raises(SystemExit, match="--one-only and --keep: only with `full`"):
+        bench.main(["compare"] + common[1:] + ["--keep", str(tmp_path / "k2"), "--name", "cmp"])
 
 
 def test_a_shard_that_fails_is_kept_as_the_finding(tmp_path, monkeypatch):
