@@ -22,6 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+LOADED = '\ntorch.cuda.synchronize() if D != "cpu" else None; print("T", time.time() - t)'   # a load probe's end
+
 CHILD = {
     "python": "pass",
     "import torch": "import torch",
@@ -39,21 +41,17 @@ print("T", time.time() - t)""",
     "load: HFLM (the worker's)": """
 import torch, time; t = time.time()
 from utils import evaluation as ev
-lm = ev.load_lm(M, device=D, batch_size=16, dtype="auto", max_length=2048)
-torch.cuda.synchronize() if D != "cpu" else None; print("T", time.time() - t)""",
+lm = ev.load_lm(M, device=D, batch_size=16, dtype="auto", max_length=2048)""" + LOADED,
     "load: from_pretrained": """
 import torch, time, transformers; t = time.time()
-m = transformers.AutoModelForCausalLM.from_pretrained(M, dtype=torch.bfloat16, device_map={"": D})
-torch.cuda.synchronize() if D != "cpu" else None; print("T", time.time() - t)""",
+m = transformers.AutoModelForCausalLM.from_pretrained(M, dtype=torch.bfloat16, device_map={"": D})""" + LOADED,
     "load: from_pretrained, sync loader": """
 import os; os.environ["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
 import torch, time, transformers; t = time.time()
-m = transformers.AutoModelForCausalLM.from_pretrained(M, dtype=torch.bfloat16, device_map={"": D})
-torch.cuda.synchronize() if D != "cpu" else None; print("T", time.time() - t)""",
+m = transformers.AutoModelForCausalLM.from_pretrained(M, dtype=torch.bfloat16, device_map={"": D})""" + LOADED,
     "load: safetensors to GPU (floor)": """
 import torch, time, glob; from safetensors.torch import load_file; t = time.time()
-sd = {k: v for f in sorted(glob.glob(M + "/*.safetensors")) for k, v in load_file(f, device=D).items()}
-torch.cuda.synchronize() if D != "cpu" else None; print("T", time.time() - t)""",
+sd = {k: v for f in sorted(glob.glob(M + "/*.safetensors")) for k, v in load_file(f, device=D).items()}""" + LOADED,
 }
 EXIT = """
 import torch, time, transformers, sys, os

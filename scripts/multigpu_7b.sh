@@ -98,26 +98,26 @@ build() {   # make_7b_pair.py for one model into $W/models/<name>; any other mod
 }
 need_real() { [ "$real" = 1 ] || { say "part $1 needs the real GSM8K: carry .gsm8k/ (scripts/rehearsal_7b.sh says how)"; return 2; }; }
 
+# the 1-vs-2-GPU comparison at 7B shapes, whole test set (parts 7b-full, 7b-one, 7b-many)
+FULL_7B=(full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled
+         --max-length 2048 --warmup 32)
 status=0
 for part in $PARTS; do
   case "$part" in
     7b-full)   # the budget the bench plans with leaves room for its comparison, md and this script's tar
       need_real 7b-full && build 7b --shape 7b --bf16-only &&
-        bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
-          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --target-speedup 1.8 --name 7b-full || status=$?
+        bench "${FULL_7B[@]}" --deadline $(( $(date +%s) + $(left) - 35 )) --target-speedup 1.8 --name 7b-full || status=$?
       du -sh "$W/inductor" "$W/triton" 2>/dev/null | tee -a "$OUT/multigpu.log" ;;
     7b-one)
       need_real 7b-one && build 7b --shape 7b --bf16-only &&
-        bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
-          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --one-only --keep "$W/keep" \
+        bench "${FULL_7B[@]}" --deadline $(( $(date +%s) + $(left) - 35 )) --one-only --keep "$W/keep" \
           --name 7b-one || status=$?
       cp "$W/keep/7b-one-1gpu.json" "$OUT/" 2>/dev/null ;;
     7b-many)   # the earlier call's 1-GPU run (or BASELINE, a copy of it carried on another machine)
       base=${BASELINE:-$W/keep/7b-one-1gpu.json}
       [ -f "$base" ] || { say "part 7b-many: no $base: run part 7b-one first (or carry its 7b-one-1gpu.json, BASELINE=)"; status=2; continue; }
       need_real 7b-many && build 7b --shape 7b --bf16-only &&
-        bench full --model "$W/models/7b/bf16" --data "$W/gsm8k" --limit 0 --batch 16 --gpus 2 --decode compiled \
-          --max-length 2048 --warmup 32 --deadline $(( $(date +%s) + $(left) - 35 )) --baseline "$base" \
+        bench "${FULL_7B[@]}" --deadline $(( $(date +%s) + $(left) - 35 )) --baseline "$base" \
           --target-speedup 1.8 --name 7b-many || status=$? ;;
     int4-shard)   # whether GPTQModel/transformers split a GPTQ checkpoint over the cards: a few problems show it
       need_real int4-shard && build "$INT4_SHAPE-int4" --shape "$INT4_SHAPE" --int4-only &&
