@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import evaluation as ev
 from .eval_settings import EvalSettings
+from . import gpu_cap
 from .gpu_cap import shard_memory  # noqa: F401  (the sharded path plans under the cap)
 from .results import atomic_write_json
 
@@ -322,8 +323,9 @@ def worker_settings(cfg: dict, device: str) -> EvalSettings:
 
 def _decode_brief(decode: dict | None) -> dict | None:
     """A rank's decode summary (utils.decode: every generate call's batch, steps, seconds) and its batch sizes."""
-    return None if not decode else {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", [])
-                                                                 if c.get("batch")})}
+    if not decode:
+        return None
+    return {**decode, "batches": sorted({c["batch"] for c in decode.get("per_call", []) if c.get("batch")})}
 
 
 def worker_phases(status: dict, launched_at: float, wall: float) -> dict:
@@ -346,8 +348,6 @@ def _worker(config_path: str) -> int:
 
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
-
-    from . import gpu_cap
 
     cfg = json.loads(Path(config_path).read_text())
     work = Path(cfg["work"])
@@ -390,7 +390,6 @@ def _worker(config_path: str) -> int:
 
 def _leave(rc: int) -> None:
     """Files written, leave without the interpreter's teardown: seconds each launch pays (scripts/launch_costs.py)."""
-    from . import gpu_cap
     gpu_cap.write_final_peaks()
     sys.stdout.flush(), sys.stderr.flush()
     os._exit(rc)
