@@ -29,7 +29,8 @@ import torch  # noqa: E402
 
 from utils import gptq, metrics, timing  # noqa: E402
 from utils.kernels import cache, int4_gemv, w4a16  # noqa: E402
-from utils.kernels.w4a16 import W4A16Tile, w4a16_default_tile, w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
+from utils.kernels.w4a16 import (W4A16Tile, w4a16_default_tile, w4a16_default_unpack, w4a16_matmul, w4a16_op,  # noqa: E402
+                                 w4a16_plan)
 
 SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
           "down_proj": (18944, 3584)}
@@ -135,7 +136,13 @@ def main(argv=None) -> int:
             row["ours_rel"] = metrics.relative_l2(y.cpu(), ref)
             row["ours_same_bits"] = all(torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y) for _ in range(3))
             row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
-            row["tile"] = vars(w4a16_default_tile(M, K, N, 128, sms, "ptx"))
+            tile = w4a16_default_tile(M, K, N, 128, sms, w4a16_default_unpack(s.dtype, False, x, 128))
+            row["tile"] = vars(tile)
+            if tile.unpack == "fragment":            # beside it, the Triton kernel's default (PTX unpacking)
+                ptx = w4a16_default_tile(M, K, N, 128, sms, "ptx")
+                row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
+                row["triton_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=ptx),
+                                           (x, qw, qz, s))
             row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)
@@ -161,7 +168,7 @@ def main(argv=None) -> int:
                 if marlin:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
-            log(f"{name} M={M}: ours {row['ours_us']:.1f} us ({row['ours_gbps']:.0f} GB/s, rel {row['ours_rel']:.2e}), "
+            log(f"{name} M={M}: ours ({tile.unpack}) {row['ours_us']:.1f} us ({row['ours_gbps']:.0f} GB/s, rel {row['ours_rel']:.2e}), "
                 f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if M == 1 else ""))
             rows.append(row)
             if args.sweep and M in (1, 16):
@@ -203,14 +210,16 @@ def markdown(meta, rows, sweep) -> str:
            f"torch {meta['torch']}, Triton {meta['triton']}. Command: `{meta['command']}`. Cold weights under "
            "CUDA-graph replay; rel = relative L2 against float64 x @ W (W the reference dequant); the bound is "
            "the course's derived one for fp16.", "",
-           "| shape | K -> N | M | ours us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel | ours / Marlin "
-           "| Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 13]
+           "| shape | K -> N | M | ours (unpack) us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
+           "| ours / Marlin | Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 14]
     for r in rows:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
-        out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} | {f(r['ours_gbps'], 0)} "
-                   f"| {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
-                   f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} | {gemv} "
+        triton_col = f"{f(r['triton_us'])} ({r['triton_rel']:.1e})" if r.get("triton_us") else "-"
+        out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} ({r['tile']['unpack']}) "
+                   f"| {f(r['ours_gbps'], 0)} | {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
+                   f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} "
+                   f"| {triton_col} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
             "| shape | w4a16_matmul us | the same, sum kernel with PDL | torch.ops.quantlab.w4a16_matmul us | Marlin layer us |",

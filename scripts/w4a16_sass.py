@@ -1,10 +1,11 @@
 """What the W4A16 kernel's main loop executes on an NVIDIA GPU, read from its machine code, without a GPU.
 
-    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
+    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx fragment] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
 
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
-(one 64 x 128 weight tile per program and step), counted by kind: the tensor-core products (HGMMA: wgmma,
+(one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel, sm_90 only, its own fixed
+tile), counted by kind: the tensor-core products (HGMMA: wgmma,
 HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
 unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
 BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
@@ -42,12 +43,21 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
     sig = {"x_ptr": "*fp16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "g_ptr": "*i32",
            "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "qw2_ptr": "*i32", "qz2_ptr": "*i32",
            "s2_ptr": "*fp16", "b2_ptr": "*fp16", "M": "i32", "K": "i32", "N": "i32", "stride_xm": "i32"}
-    consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
-                  BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack), GATED=gated, PDL=pdl)
-    sig.update({k: "constexpr" for k in consts})
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(12), 13, 14, 15)}
-    k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
+    if unpack == "fragment":                 # the Gluon kernel (sm_90 only; its tile is fixed: 64 x 128, 4 warps)
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        from utils.kernels.w4a16_fragment import w4a16_fragment_kernel
+        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, SPLIT_K=4, STEPS=7, GATED=gated)
+        sig.update({k: "constexpr" for k in consts})
+        k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
+                           target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
+    else:
+        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
+                      BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack), GATED=gated, PDL=pdl)
+        sig.update({k: "constexpr" for k in consts})
+        k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
+                           options=dict(num_warps=warps, num_stages=stages))
     nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
@@ -69,7 +79,7 @@ def loop_body(sass: str) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--unpack", nargs="+", default=["reshape", "join", "ptx"], choices=("reshape", "rows", "join", "ptx"))
+    ap.add_argument("--unpack", nargs="+", default=["reshape", "join", "ptx"], choices=("reshape", "rows", "join", "ptx", "fragment"))
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
@@ -81,6 +91,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
         ap.error(f"--block-n: {args.block_n} must be a power of two >= 16 (the columns of one program's tile)")
+    if "fragment" in args.unpack and args.arch != 90:
+        ap.error(f"--unpack fragment: the Gluon kernel is for sm_90 (wgmma), got --arch {args.arch}")
     if args.warps not in (1, 2, 4, 8, 16) or args.stages < 1:
         ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"

@@ -8,6 +8,8 @@ from utils import gptq, kernels, metrics
 from utils.kernels import w4a16
 
 DEVICE = "cpu" if kernels.interpreted() else "cuda"
+# the Gluon kernel runs here (a Hopper GPU, a Triton with Gluon): its tile joins every unpacking's test
+FRAGMENT = DEVICE == "cuda" and w4a16.fragment_refusal(torch.float16, "cuda", 512, 64, torch.float16, False) is None
 
 
 def layer(K=256, N=64, group=64, sym=True, act_order=False, fmt=1, bias=False, seed=0, zero_heavy=False):
@@ -159,6 +161,24 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
     assert unpack == "ptx" and tiles == {w4a16.W4A16Tile(64, 128, split, 4, 3, "ptx")}
     steps, per = K // 128, -(-K // 128 // split)
     assert (split - 1) * per < steps <= split * per                 # no program without a K step
+    # the Gluon kernel's fixed tile, the same split where a program's K range fits x's shared tile (<= 8 steps)
+    fragment = w4a16.w4a16_default_tile(1, K, N, 128, 132, "fragment")
+    assert fragment == w4a16.W4A16Tile(64, 128, split, 4, 1, "fragment") and per <= 8
+
+
+def test_the_fragment_kernel_is_chosen_on_hopper_where_it_serves(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    cap = {"cap": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap["cap"])
+    ok = dict(x_dtype=torch.float16, device="cuda", K=3584, group_size=128, scales_dtype=torch.float16, act_order=False)
+    assert w4a16.fragment_refusal(**ok) is None and w4a16.fragment_refusal(**{**ok, "x_dtype": torch.bfloat16}) is None
+    assert w4a16.fragment_refusal(**{**ok, "group_size": 32}) is None
+    for change, needle in (({"K": 3600}, "multiple of 128"), ({"group_size": 16}, "at least 32"),
+                           ({"scales_dtype": torch.bfloat16}, "float16 scales"), ({"act_order": True}, "act-order"),
+                           ({"x_dtype": torch.float32}, "bfloat16 x"), ({"device": "cpu"}, "Hopper")):
+        assert needle in w4a16.fragment_refusal(**{**ok, **change}), change
+    cap["cap"] = (8, 9)                                           # an RTX 4090: mma.sync, the Triton kernel
+    assert "Hopper" in w4a16.fragment_refusal(**ok)
 
 
 def test_default_unpack_follows_the_scales_and_act_order(monkeypatch):
@@ -185,12 +205,14 @@ def test_both_unpackings_give_the_same_bits(act_order):
     assert metrics.relative_l2(by_rows.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 256)
 
 
-@pytest.mark.parametrize("unpack", ["reshape", "rows", "join"] + ([] if kernels.interpreted() else ["ptx"]))
+@pytest.mark.parametrize("unpack", ["reshape", "rows", "join"] + ([] if kernels.interpreted() else ["ptx"])
+                         + (["fragment"] if FRAGMENT else []))
 @pytest.mark.parametrize("M,sym,fmt,bias", [(1, True, 1, False), (16, False, 1, True), (5, False, 2, False)])
 def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias):
     t, w = layer(K=512, N=128, group=128, sym=sym, fmt=fmt, bias=bias, zero_heavy=not sym, seed=M)
     x = torch.randn(M, 512, generator=torch.Generator().manual_seed(M)).to(DEVICE, torch.float16)
-    tile = w4a16.W4A16Tile(block_n=64, block_k=128, split_k=2, num_warps=4, unpack=unpack)
+    tile = w4a16.W4A16Tile(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=1 if unpack == "fragment" else 2,
+                           unpack=unpack)
     y = call(x, t, 128, fmt, tile=tile)
     ref = x.cpu().double() @ w.double() + (0 if t["bias"] is None else t["bias"].cpu().double())
     assert metrics.relative_l2(y.cpu(), ref) <= gptq.kernel_tolerance("QuantlabLinear", torch.float16, torch.float16, 512)
@@ -206,3 +228,7 @@ def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
         call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="join"))
     with pytest.raises(ValueError, match="tile.unpack must be one of"):
         call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="nibbles"))
+    t, _ = layer(seed=6)
+    with pytest.raises(ValueError, match="tile.unpack='fragment'") as e:
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # its tile is fixed (1 stage)
+    record("kernel", "w4a16_matmul: the Gluon kernel's tile where it cannot run", str(e.value))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bad_input_table import record
-from test_w4a16 import DEVICE, call, layer
+from test_w4a16 import DEVICE, FRAGMENT, call, layer
 from utils import gptq, metrics
 from utils.kernels import w4a16
 from utils.quantlab_linear import QuantlabGatedMLP, QuantlabLinear, swap_gptq_linears
@@ -28,10 +28,12 @@ def two_layers(x, tg, tu, group, fmt, **kw):
 
 @pytest.mark.parametrize("M", [1, 5, 16, 17])
 @pytest.mark.parametrize("split_k,bias", [(1, False), (2, True), (4, False)])
-def test_fused_is_two_layers_and_silu(M, split_k, bias):
+@pytest.mark.parametrize("unpack", ["join"] + (["fragment"] if FRAGMENT else []))
+def test_fused_is_two_layers_and_silu(M, split_k, bias, unpack):
     gate, up, (tg, wg), (tu, wu) = pair(bias)
-    tile = w4a16.W4A16Tile(32, 64, split_k, 1, 1, "join")
-    for dtype in (torch.float16, torch.float32):
+    tile = w4a16.W4A16Tile(32, 64, split_k, 1, 1, "join") if unpack == "join" else \
+        w4a16.W4A16Tile(64, 128, split_k, 4, 1, "fragment")        # the Gluon kernel: fp16 or bf16 x only
+    for dtype in (torch.float16, torch.float32) if unpack == "join" else (torch.float16, torch.bfloat16):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).to(DEVICE, dtype)
         y = w4a16.w4a16_gated_silu(x, gate, up, 64, 1, tile)
         assert y.shape == (M, 64) and y.dtype == dtype
@@ -61,7 +63,7 @@ def test_the_op_passes_opcheck_and_compiles_whole():
 @pytest.mark.parametrize("case,change,needle", [
     ("up of another shape", "shape", "up projection's qweight must match"),
     ("a bias on one projection only", "bias", "to both projections or to neither"),
-    ("act-order's reshape unpack", "unpack", "tile.unpack 'join' or 'ptx'"),
+    ("act-order's reshape unpack", "unpack", "tile.unpack 'join', 'ptx' or 'fragment'"),
 ])
 def test_a_pair_that_cannot_be_fused_is_named(case, change, needle):
     gate, up, _, _ = pair()

@@ -23,6 +23,7 @@ import triton
 from .common import require, cache, interpreted
 from .gemv import Launch
 from .gemv_plan import gemv_pdl
+from . import w4a16_fragment
 from .w4a16_kernels import w4a16_dequant_kernel, w4a16_kernel, w4a16_sum_kernel
 
 W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
@@ -41,7 +42,8 @@ class W4A16Tile:
     (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
     codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
     once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
-    in its thread, in Triton or in PTX)."""
+    in its thread, in Triton or in PTX; or, on Hopper, loaded straight into the tensor-core operand's layout by
+    the Gluon kernel, 'fragment', whose tile is fixed: 64 x 128, 4 warps, w4a16_fragment.py)."""
     block_n: int
     block_k: int
     split_k: int
@@ -50,7 +52,7 @@ class W4A16Tile:
     unpack: str = "reshape"
 
 
-UNPACKS = ("reshape", "rows", "join", "ptx")    # the kernel's UNPACK 0..3
+UNPACKS = ("reshape", "rows", "join", "ptx", "fragment")    # the Triton kernel's UNPACK 0..3; 'fragment': Gluon
 
 
 def w4a16_block_k(K: int, group_size: int) -> int:
@@ -65,11 +67,29 @@ def w4a16_block_k(K: int, group_size: int) -> int:
 PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per SM (docs/kernels.md)
 
 
-def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool) -> str:
-    """The unpacking a call gets: the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
+def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act_order: bool) -> str | None:
+    """Why the Gluon 'fragment' kernel cannot serve a call, or None when it can."""
+    if w4a16_fragment.w4a16_fragment_kernel is None:
+        return "a Triton with Gluon (3.5 or later)"
+    if interpreted() or torch.device(device).type != "cuda" or torch.version.hip is not None \
+            or torch.cuda.get_device_capability(device)[0] != 9:
+        return "an NVIDIA Hopper GPU (sm_90: wgmma)"
+    if act_order or scales_dtype != torch.float16 or x_dtype not in (torch.float16, torch.bfloat16):
+        return "float16 scales, float16 or bfloat16 x, and no act-order"
+    if K % w4a16_fragment.BLOCK_K or group_size < 32:
+        return f"K a multiple of {w4a16_fragment.BLOCK_K} and groups of at least 32 rows"
+    return None
+
+
+def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool, x: torch.Tensor | None = None,
+                         group_size: int = 128) -> str:
+    """The unpacking a call gets: on Hopper the Gluon kernel where it serves the call (x, K = x's last
+    dimension); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
     Triton (other scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
     if act_order:
         return "reshape"
+    if x is not None and fragment_refusal(x.dtype, x.device, x.shape[-1], group_size, scales_dtype, act_order) is None:
+        return "fragment"
     return "ptx" if scales_dtype == torch.float16 and not interpreted() and torch.version.hip is None else "join"
 
 
@@ -78,7 +98,14 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     gives about PROGRAMS_PER_SM programs per SM, each over whole K steps; a 3-deep load pipeline (4 for
     'reshape'). Chosen from cold sweeps on the H100 at Qwen2.5-7B's shapes, M = 1 and 16 (docs/kernels.md);
     the same rule for every M up to 16, so a batch changes no summation order.
-    Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element)."""
+    Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
+    'fragment': its fixed tile, K steps of 128, at most w4a16_fragment.MAX_STEPS per program (x's shared tile)."""
+    if unpack == "fragment":
+        steps = K // w4a16_fragment.BLOCK_K
+        split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), triton.cdiv(N, w4a16_fragment.BLOCK_N))))
+        per = min(triton.cdiv(steps, split), w4a16_fragment.MAX_STEPS)
+        return W4A16Tile(w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, triton.cdiv(steps, per),
+                         w4a16_fragment.WARPS, 1, unpack)
     block_k = w4a16_block_k(K, group_size)
     if interpreted():             # numpy's cost is per program and step: few, wide programs
         return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
@@ -100,13 +127,18 @@ class W4A16Plan:
                  gated: bool = False, pdl: bool = False):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
-        pdl = pdl and tile.split_k > 1
+        pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
                       HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                       SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated,
                       PDL=pdl)
         self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
+        if tile.unpack == "fragment":
+            consts = dict(GROUP=group_size, ZP_ADD=consts["ZP_ADD"], HAS_BIAS=has_bias, BLOCK_M=16,
+                          SPLIT_K=tile.split_k, STEPS=triton.cdiv(K // tile.block_k, tile.split_k), GATED=gated)
+            self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, (triton.cdiv(N, tile.block_n), tile.split_k),
+                               consts, dict(num_warps=tile.num_warps))
         self.sum = None
         if tile.split_k > 1:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
@@ -193,8 +225,9 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         M = x2.shape[0]
         if tile is None:
             tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"],
-                                      w4a16_default_unpack(scales.dtype, g_idx is not None))
-        require(K % tile.block_k == 0 and group_size % tile.block_k == 0 and tile.block_k >= 16,
+                                      w4a16_default_unpack(scales.dtype, g_idx is not None, x2, group_size))
+        require(tile.unpack == "fragment" or (K % tile.block_k == 0 and group_size % tile.block_k == 0
+                                               and tile.block_k >= 16),
                f"tile.block_k must be >= 16 and divide K={K} and group_size={group_size}, got {tile.block_k}")
         require(tile.unpack in UNPACKS, f"tile.unpack must be one of {UNPACKS}, got {tile.unpack!r}")
         require(tile.unpack in ("reshape", "rows") or g_idx is None,
@@ -203,9 +236,18 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                                           and torch.version.hip is None),
                f"tile.unpack='ptx' needs float16 scales and an NVIDIA GPU (got {scales.dtype}"
                f"{', the interpreter' if interpreted() else ''}{', ROCm' if torch.version.hip else ''}): use 'join'")
-        require(not gated or tile.unpack in ("join", "ptx"),
-               f"w4a16_gated_silu unpacks the weight as the first operand: tile.unpack 'join' or 'ptx', "
+        require(not gated or tile.unpack in ("join", "ptx", "fragment"),
+               f"w4a16_gated_silu unpacks the weight as the first operand: tile.unpack 'join', 'ptx' or 'fragment', "
                f"got {tile.unpack!r}")
+        if tile.unpack == "fragment":
+            why = fragment_refusal(x2.dtype, x2.device, K, group_size, scales.dtype, g_idx is not None)
+            require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
+            fixed = (w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, w4a16_fragment.WARPS, 1)
+            require((tile.block_n, tile.block_k, tile.num_warps, tile.num_stages) == fixed
+                    and triton.cdiv(K // tile.block_k, tile.split_k) <= w4a16_fragment.MAX_STEPS,
+                    f"tile.unpack='fragment' runs its fixed tile (block_n {w4a16_fragment.BLOCK_N}, block_k "
+                    f"{w4a16_fragment.BLOCK_K}, {w4a16_fragment.WARPS} warps, 1 stage) with at most "
+                    f"{w4a16_fragment.MAX_STEPS} K steps per program, got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan

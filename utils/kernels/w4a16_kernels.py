@@ -19,6 +19,33 @@ import triton.language as tl
 from .gemv_kernels import gdc_launch_dependents, gdc_wait
 
 
+# One packed word ($8) dequantized, two codes per 32-bit instruction: lop3 makes the fp16x2 numbers 1024 + q, then
+# (1024 + q) - (1024 + z) = q - z exactly and one multiply by s, the reference's single rounding. $9 and $10 hold
+# 1024 + z and s in both halves; code j comes out in $j. Shared by the Triton and the Gluon (w4a16_fragment.py) kernels.
+UNPACK_PTX = tl.constexpr("""{
+.reg .b32 a, b, c, d, t;
+lop3.b32 a, $8, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $8, 4;
+lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $8, 8;
+lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
+shr.u32 t, $8, 12;
+lop3.b32 d, t, 0x000F000F, 0x64006400, 0xEA;
+sub.rn.f16x2 a, a, $9;
+sub.rn.f16x2 b, b, $9;
+sub.rn.f16x2 c, c, $9;
+sub.rn.f16x2 d, d, $9;
+mul.rn.f16x2 a, a, $10;
+mul.rn.f16x2 b, b, $10;
+mul.rn.f16x2 c, c, $10;
+mul.rn.f16x2 d, d, $10;
+mov.b32 {$0, $4}, a;
+mov.b32 {$1, $5}, b;
+mov.b32 {$2, $6}, c;
+mov.b32 {$3, $7}, d;
+}""")
+
+
 @triton.jit
 def _dequant_tile(qw_ptr, qz_ptr, s_ptr, g_ptr, kb, rn, nmask, N, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
                   ZP_ADD: tl.constexpr, ACT_ORDER: tl.constexpr, ROWS: tl.constexpr = False):
@@ -78,28 +105,7 @@ def _dequant_tile_t(qw_ptr, qz_ptr, s_ptr, kb, rn, nmask, N, GROUP: tl.constexpr
         sb = s.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         ss = (sb | (sb << 16))[:, None]
         w0, w1, w2, w3, w4, w5, w6, w7 = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 a, b, c, d, t;
-            lop3.b32 a, $8, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 4;
-            lop3.b32 b, t, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 8;
-            lop3.b32 c, t, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 t, $8, 12;
-            lop3.b32 d, t, 0x000F000F, 0x64006400, 0xEA;
-            sub.rn.f16x2 a, a, $9;
-            sub.rn.f16x2 b, b, $9;
-            sub.rn.f16x2 c, c, $9;
-            sub.rn.f16x2 d, d, $9;
-            mul.rn.f16x2 a, a, $10;
-            mul.rn.f16x2 b, b, $10;
-            mul.rn.f16x2 c, c, $10;
-            mul.rn.f16x2 d, d, $10;
-            mov.b32 {$0, $4}, a;
-            mov.b32 {$1, $5}, b;
-            mov.b32 {$2, $6}, c;
-            mov.b32 {$3, $7}, d;
-            }""",
+            UNPACK_PTX,
             "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [q, zz, ss], dtype=(tl.float16,) * 8, is_pure=True, pack=1)
     else:
         zf, sc = z.to(tl.int16).to(tl.float16, bitcast=True)[:, None], s[:, None]
