@@ -172,12 +172,7 @@ def main(argv=None) -> int:
                 f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if M == 1 else ""))
             rows.append(row)
             if args.sweep and M in (1, 16):
-                base = w4a16_default_tile(M, K, N, 128, sms)
-                grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
-                        *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
-                for unpack, bn, f, st, warps in grid:
-                    split = max(1, min(K // 128, round(base.split_k * f * 64 / bn)))
-                    tile = W4A16Tile(bn, 128, split, warps, st, unpack)
+                for tile in sweep_tiles(w4a16_default_tile(M, K, N, 128, sms, tile.unpack), K):
                     rec = {"shape": name, "M": M, **vars(tile), "us": None}
                     try:
                         y = w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=tile)
@@ -196,6 +191,20 @@ def main(argv=None) -> int:
         write(args.out, meta, rows, sweep)          # after every shape: a run cut short keeps its rows
     print(markdown(meta, rows, sweep))
     return 0
+
+
+def sweep_tiles(base: W4A16Tile, K: int) -> list[W4A16Tile]:
+    """Tiles around the default: for the Gluon kernel (fixed tile) its split-K and load depth; for the Triton
+    kernel every unpacking, 64 to 256 columns, split-K x1 and x2, 3 or 4 stages."""
+    steps = K // 128
+    if base.unpack == "fragment":
+        per = -(-steps // base.split_k)
+        splits = sorted({-(-steps // max(1, min(8, p))) for p in (per // 2, per, 2 * per)})
+        return [W4A16Tile(64, 128, split, 4, depth, "fragment") for split in splits for depth in (1, 2)]
+    grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
+            *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
+    return [W4A16Tile(bn, 128, max(1, min(steps, round(base.split_k * f * 64 / bn))), warps, st, unpack)
+            for unpack, bn, f, st, warps in grid]
 
 
 def write(out: Path, meta, rows, sweep) -> None:

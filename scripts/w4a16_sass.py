@@ -48,7 +48,8 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         from triton.experimental.gluon._runtime import GluonASTSource
 
         from utils.kernels.w4a16_fragment import w4a16_fragment_kernel
-        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, SPLIT_K=4, STEPS=7, GATED=gated)
+        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, SPLIT_K=4, STEPS=7, DEPTH=min(stages, 2),
+                      GATED=gated)
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))

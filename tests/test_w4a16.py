@@ -163,7 +163,7 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
     assert (split - 1) * per < steps <= split * per                 # no program without a K step
     # the Gluon kernel's fixed tile, the same split where a program's K range fits x's shared tile (<= 8 steps)
     fragment = w4a16.w4a16_default_tile(1, K, N, 128, 132, "fragment")
-    assert fragment == w4a16.W4A16Tile(64, 128, split, 4, 1, "fragment") and per <= 8
+    assert fragment == w4a16.W4A16Tile(64, 128, split, 4, 2, "fragment") and per <= 8
 
 
 def test_the_fragment_kernel_is_chosen_on_hopper_where_it_serves(monkeypatch):
@@ -230,5 +230,5 @@ def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
         call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="nibbles"))
     t, _ = layer(seed=6)
     with pytest.raises(ValueError, match="tile.unpack='fragment'") as e:
-        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # its tile is fixed (1 stage)
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # its tile is fixed (1 or 2 stages)
     record("kernel", "w4a16_matmul: the Gluon kernel's tile where it cannot run", str(e.value))

@@ -105,7 +105,7 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
         split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), triton.cdiv(N, w4a16_fragment.BLOCK_N))))
         per = min(triton.cdiv(steps, split), w4a16_fragment.MAX_STEPS)
         return W4A16Tile(w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, triton.cdiv(steps, per),
-                         w4a16_fragment.WARPS, 1, unpack)
+                         w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack)
     block_k = w4a16_block_k(K, group_size)
     if interpreted():             # numpy's cost is per program and step: few, wide programs
         return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
@@ -136,7 +136,8 @@ class W4A16Plan:
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         if tile.unpack == "fragment":
             consts = dict(GROUP=group_size, ZP_ADD=consts["ZP_ADD"], HAS_BIAS=has_bias, BLOCK_M=16,
-                          SPLIT_K=tile.split_k, STEPS=triton.cdiv(K // tile.block_k, tile.split_k), GATED=gated)
+                          SPLIT_K=tile.split_k, STEPS=triton.cdiv(K // tile.block_k, tile.split_k),
+                          DEPTH=tile.num_stages, GATED=gated)
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, (triton.cdiv(N, tile.block_n), tile.split_k),
                                consts, dict(num_warps=tile.num_warps))
         self.sum = None
@@ -242,11 +243,11 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         if tile.unpack == "fragment":
             why = fragment_refusal(x2.dtype, x2.device, K, group_size, scales.dtype, g_idx is not None)
             require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
-            fixed = (w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, w4a16_fragment.WARPS, 1)
-            require((tile.block_n, tile.block_k, tile.num_warps, tile.num_stages) == fixed
+            fixed = (w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, w4a16_fragment.WARPS)
+            require((tile.block_n, tile.block_k, tile.num_warps) == fixed and tile.num_stages in (1, 2)
                     and triton.cdiv(K // tile.block_k, tile.split_k) <= w4a16_fragment.MAX_STEPS,
                     f"tile.unpack='fragment' runs its fixed tile (block_n {w4a16_fragment.BLOCK_N}, block_k "
-                    f"{w4a16_fragment.BLOCK_K}, {w4a16_fragment.WARPS} warps, 1 stage) with at most "
+                    f"{w4a16_fragment.BLOCK_K}, {w4a16_fragment.WARPS} warps, 1 or 2 stages) with at most "
                     f"{w4a16_fragment.MAX_STEPS} K steps per program, got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))

@@ -33,6 +33,7 @@ from .w4a16_kernels import UNPACK_PTX
 
 BLOCK_N, BLOCK_K, WARPS = 64, 128, 4                   # one warpgroup, 16 rows of n per warp
 MAX_STEPS = 8                                          # K steps per program: x's tile in shared memory <= 32 KiB
+DEPTH = 2                                              # K steps' loads in flight ahead of the one computed
 
 if gluon is not None:
     @gluon.constexpr_function
@@ -84,12 +85,34 @@ if gluon is not None:
         return (g * (1 / (1 + gl.exp(-g))) * u).to(out_dtype)
 
     @gluon.jit
+    def _loads(words, qz_ptr, s_ptr, kb, rn, rb, wmask, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
+        """K step kb's words, zero words and scales."""
+        q = gl.load(words + kb * (BK // 8) * N, mask=wmask, other=0)
+        zw, s = _groups(qz_ptr, s_ptr, kb, rn, rb, nmask, N, GROUP, BK)
+        return q, zw, s
+
+    @gluon.jit
+    def _x_renamed(x_ptr, kb, last, M, stride_xm, BLOCK_M: gl.constexpr, NB: gl.constexpr, XV: gl.constexpr):
+        """x^T [NB * 32, BLOCK_M] of K step kb in the renamed order: read as 16-byte vectors (the eight rows
+        32b + 8t + 4r + 2h + p of one word), then logical row 32b + 16h + 8p + 2t + r."""
+        rm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, XV))))
+        rb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, XV))))
+        rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, XV))))
+        re = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, XV))))
+        offs = (rm[:, None, None, None] * stride_xm + kb * (NB * 32) + rb[None, :, None, None] * 32
+                + rt[None, None, :, None] * 8 + re[None, None, None, :])
+        v = gl.load(x_ptr + offs, mask=(rm < M)[:, None, None, None] & (kb < last), other=0.0)
+        v = gl.permute(gl.reshape(v, (BLOCK_M, NB, 4, 2, 2, 2)), (0, 1, 4, 5, 2, 3))   # [m, b, h, p, t, r]
+        return gl.permute(gl.reshape(v, (BLOCK_M, NB * 32)), (1, 0))
+
+    @gluon.jit
     def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
                               b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, SPLIT_K: gl.constexpr,
-                              STEPS: gl.constexpr, GATED: gl.constexpr):
+                              STEPS: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, K range of
-        STEPS blocks of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]."""
+        STEPS blocks of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. DEPTH: K steps whose
+        loads are in flight ahead of the one computed (1 or 2)."""
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = 16 * NW
         BK: gl.constexpr = 128
@@ -97,49 +120,52 @@ if gluon is not None:
         LQ: gl.constexpr = word_layout(NB, NW)
         MMA: gl.constexpr = acc_layout(NW, BLOCK_M)
         A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
-        XL: gl.constexpr = gl.BlockedLayout([1, BLOCK_M], [32, 1], [NW, 1], [1, 0])
+        XV: gl.constexpr = gl.BlockedLayout([1, 1, 1, 8], [2, NB, 32 // (2 * NB), 1], [NW, 1, 1, 1], [3, 2, 1, 0])
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         XS: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BK, BLOCK_M], dtype)
         pid_n = gl.program_id(0)
         first = gl.program_id(1) * STEPS
         last = gl.minimum(first + STEPS, K // BK)
-        # this program's words: (n, b, t) -> qweight[kb * 16 + 4b + t, n]; the first step's loads go out first
+        # this program's words: (n, b, t) -> qweight[kb * 16 + 4b + t, n]; the first steps' loads go out first
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
         rb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
         rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
         nmask = rn < N
-        words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         wmask = nmask[:, None, None]
         zshift = (rn % 8) * 4
-        q = gl.load(words + first * (BK // 8) * N, mask=wmask, other=0)
-        zw, s = _groups(qz_ptr, s_ptr, first, rn, rb, nmask, N, GROUP, BK)
+        words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
+        words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
+        q, zw, s = _loads(words, qz_ptr, s_ptr, first, rn, rb, wmask, nmask, N, GROUP, BK)
         if GATED:
-            words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
-            q2 = gl.load(words2 + first * (BK // 8) * N, mask=wmask, other=0)
-            zw2, s2 = _groups(qz2_ptr, s2_ptr, first, rn, rb, nmask, N, GROUP, BK)
-        # x^T of the K range into shared memory, logical row L of a step read from physical k (the renaming)
-        L = gl.arange(0, BK, layout=gl.SliceLayout(1, XL))
-        phys = (L // 32) * 32 + ((L // 2) % 4) * 8 + (L % 2) * 4 + ((L // 16) % 2) * 2 + (L // 8) % 2
-        rmx = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
+            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, first, rn, rb, wmask, nmask, N, GROUP, BK)
+        if DEPTH == 2:
+            k1 = gl.minimum(first + 1, last - 1)
+            qa, zwa, sa = _loads(words, qz_ptr, s_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
+            if GATED:
+                qa2, zwa2, sa2 = _loads(words2, qz2_ptr, s2_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
         xs = gl.allocate_shared_memory(dtype, [STEPS, BK, BLOCK_M], XS)
         for i in gl.static_range(STEPS):
-            xt = gl.load(x_ptr + rmx[None, :] * stride_xm + ((first + i) * BK + phys)[:, None],
-                         mask=(rmx < M)[None, :] & (first + i < last), other=0.0)
-            xs.index(i).store(xt)
+            xs.index(i).store(_x_renamed(x_ptr, first + i, last, M, stride_xm, BLOCK_M, NB, XV))
         fence_async_shared()
         acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         for i in range(0, last - first):
-            kn = gl.minimum(first + i + 1, last - 1)            # the next step (the last one reloads itself)
-            qn = gl.load(words + kn * (BK // 8) * N, mask=wmask, other=0)
-            zwn, sn = _groups(qz_ptr, s_ptr, kn, rn, rb, nmask, N, GROUP, BK)
+            kn = gl.minimum(first + i + DEPTH, last - 1)       # the last steps reload the last one
+            qn, zwn, sn = _loads(words, qz_ptr, s_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
             acc = warpgroup_mma(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xs.index(i), acc)
-            q, zw, s = qn, zwn, sn
+            if DEPTH == 2:
+                q, zw, s = qa, zwa, sa
+                qa, zwa, sa = qn, zwn, sn
+            else:
+                q, zw, s = qn, zwn, sn
             if GATED:
-                qn2 = gl.load(words2 + kn * (BK // 8) * N, mask=wmask, other=0)
-                zwn2, sn2 = _groups(qz2_ptr, s2_ptr, kn, rn, rb, nmask, N, GROUP, BK)
+                qn2, zwn2, sn2 = _loads(words2, qz2_ptr, s2_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
                 acc2 = warpgroup_mma(_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xs.index(i), acc2)
-                q2, zw2, s2 = qn2, zwn2, sn2
+                if DEPTH == 2:
+                    q2, zw2, s2 = qa2, zwa2, sa2
+                    qa2, zwa2, sa2 = qn2, zwn2, sn2
+                else:
+                    q2, zw2, s2 = qn2, zwn2, sn2
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
