@@ -194,13 +194,16 @@ def main(argv=None) -> int:
 
 
 def sweep_tiles(base: W4A16Tile, K: int) -> list[W4A16Tile]:
-    """Tiles around the default: for the Gluon kernel (fixed tile) its split-K and load depth; for the Triton
+    """Tiles around the default: for the Gluon kernel 64 or 128 columns, split-K /2, x1, x2, load depth 1 or 2; for the Triton
     kernel every unpacking, 64 to 256 columns, split-K x1 and x2, 3 or 4 stages."""
     steps = K // 128
     if base.unpack == "fragment":
-        per = -(-steps // base.split_k)
-        splits = sorted({-(-steps // max(1, min(8, p))) for p in (per // 2, per, 2 * per)})
-        return [W4A16Tile(64, 128, split, 4, depth, "fragment") for split in splits for depth in (1, 2)]
+        tiles = []
+        for bn in (64, 128):
+            split = max(1, min(steps, round(base.split_k * bn / base.block_n)))
+            splits = sorted({max(1, min(steps, round(split * f))) for f in (0.5, 1, 2)})
+            tiles += [W4A16Tile(bn, 128, sp, 4, depth, "fragment") for sp in splits for depth in (1, 2)]
+        return tiles
     grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
             *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
     return [W4A16Tile(bn, 128, max(1, min(steps, round(base.split_k * f * 64 / bn))), warps, st, unpack)

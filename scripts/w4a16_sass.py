@@ -4,8 +4,8 @@
 
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
-(one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel, sm_90 only, its own fixed
-tile), counted by kind: the tensor-core products (HGMMA: wgmma,
+(one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel, its own fixed tile, its load
+depth min(--stages, 2)), counted by kind: the tensor-core products (HGMMA: wgmma,
 HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
 unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
 BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
@@ -44,11 +44,12 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
            "b_ptr": "*fp16", "y_ptr": "*fp16", "part_ptr": "*fp32", "qw2_ptr": "*i32", "qz2_ptr": "*i32",
            "s2_ptr": "*fp16", "b2_ptr": "*fp16", "M": "i32", "K": "i32", "N": "i32", "stride_xm": "i32"}
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(12), 13, 14, 15)}
-    if unpack == "fragment":                 # the Gluon kernel (sm_90 only; its tile is fixed: 64 x 128, 4 warps)
+    if unpack == "fragment":                 # the Gluon kernel (sm_80+; 64 or 128 columns, 4 warps)
         from triton.experimental.gluon._runtime import GluonASTSource
 
         from utils.kernels.w4a16_fragment import w4a16_fragment_kernel
-        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, SPLIT_K=4, STEPS=7, DEPTH=min(stages, 2),
+        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
+                      DEPTH=min(stages, 2),
                       GATED=gated)
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
@@ -92,8 +93,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
         ap.error(f"--block-n: {args.block_n} must be a power of two >= 16 (the columns of one program's tile)")
-    if "fragment" in args.unpack and args.arch != 90:
-        ap.error(f"--unpack fragment: the Gluon kernel is for sm_90 (wgmma), got --arch {args.arch}")
     if args.warps not in (1, 2, 4, 8, 16) or args.stages < 1:
         ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"

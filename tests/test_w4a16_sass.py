@@ -26,19 +26,23 @@ def test_ptx_unpacking_assembles_and_takes_fewer_instructions_than_joins(arch, t
     assert f"sm_{arch}" in (tmp_path / "w4a16_sass.md").read_text()
 
 
-def test_the_fragment_kernel_moves_no_tile_through_shared_memory(tmp_path):
-    # the unpacked words are already wgmma's A operand (the kernel asserts its layout conversion is trivial):
-    # its K loop has no shared-memory stores, loads or ldmatrix, and fewer instructions than the PTX unpacking
+
+@pytest.mark.parametrize("arch", [90, 89])
+def test_the_fragment_kernel_moves_no_tile_through_shared_memory(arch, tmp_path):
+    # the unpacked words are already the mma's A operand and x's 16-byte loads its B operand (the kernel asserts
+    # both layout conversions are trivial): no shared-memory stores, loads or ldmatrix in the whole kernel, and
+    # fewer instructions in its K loop than the Triton kernel's PTX unpacking
     pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     for gated in (False, True):
         out = tmp_path / str(gated)
-        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", "90", "--unpack", "ptx", "fragment",
-                        "--out", str(out)] + (["--gated"] if gated else []), check=True, env=env, capture_output=True,
-                       timeout=240)
-        loops = {u: w4a16_sass.loop_body((out / f"sass_{u}.txt").read_text()) for u in ("ptx", "fragment")}
-        ops = loops["fragment"]
-        assert ops.count("HGMMA") == loops["ptx"].count("HGMMA") == (16 if gated else 8), gated
-        assert not {"STS", "LDS", "LDSM"} & set(ops), gated
-        assert {"STS", "LDSM"} <= set(loops["ptx"])              # what the Triton kernel's conversion costs
-        assert len(ops) < len(loops["ptx"]), gated
+        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "ptx",
+                        "fragment", "--out", str(out)] + (["--gated"] if gated else []), check=True, env=env,
+                       capture_output=True, timeout=240)
+        sass = (out / "sass_fragment.txt").read_text()
+        ops = w4a16_sass.loop_body(sass)
+        assert ops.count("HMMA") == (32 if gated else 16), (arch, gated)     # 64 x 16 x 128 in m16n8k16 per warp
+        assert not {"STS", "LDS", "LDSM"} & set(w4a16_sass.OP.findall(sass)), (arch, gated)
+        assert "LDG.E.128" in sass                                         # x's fragment: 16 bytes a load
+        assert {"STS", "LDSM"} <= set(w4a16_sass.loop_body((out / "sass_ptx.txt").read_text()))
+        assert len(ops) < len(w4a16_sass.loop_body((out / "sass_ptx.txt").read_text())), (arch, gated)

@@ -42,8 +42,8 @@ class W4A16Tile:
     (num_stages: how many K steps' loads Triton keeps in flight ahead of the one computed), and how the packed
     codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
     once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
-    in its thread, in Triton or in PTX; or, on Hopper, loaded straight into the tensor-core operand's layout by
-    the Gluon kernel, 'fragment', whose tile is fixed: 64 x 128, 4 warps, w4a16_fragment.py)."""
+    in its thread, in Triton or in PTX; or loaded straight into the tensor-core operand's layout by the Gluon
+    kernel, 'fragment' (NVIDIA sm_80+): 64 or 128 columns, 128 K rows per step, 4 warps, w4a16_fragment.py)."""
     block_n: int
     block_k: int
     split_k: int
@@ -72,8 +72,8 @@ def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act
     if w4a16_fragment.w4a16_fragment_kernel is None:
         return "a Triton with Gluon (3.5 or later)"
     if interpreted() or torch.device(device).type != "cuda" or torch.version.hip is not None \
-            or torch.cuda.get_device_capability(device)[0] != 9:
-        return "an NVIDIA Hopper GPU (sm_90: wgmma)"
+            or torch.cuda.get_device_capability(device)[0] < 8:
+        return "an NVIDIA GPU from Ampere on (sm_80+: mma.sync on 16-bit operands)"
     if act_order or scales_dtype != torch.float16 or x_dtype not in (torch.float16, torch.bfloat16):
         return "float16 scales, float16 or bfloat16 x, and no act-order"
     if K % w4a16_fragment.BLOCK_K or group_size < 32:
@@ -83,8 +83,8 @@ def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act
 
 def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool, x: torch.Tensor | None = None,
                          group_size: int = 128) -> str:
-    """The unpacking a call gets: on Hopper the Gluon kernel where it serves the call (x, K = x's last
-    dimension); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
+    """The unpacking a call gets: on NVIDIA sm_80+ the Gluon kernel where it serves the call (x, K = x's
+    last dimension); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
     Triton (other scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
     if act_order:
         return "reshape"
@@ -99,22 +99,20 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     'reshape'). Chosen from cold sweeps on the H100 at Qwen2.5-7B's shapes, M = 1 and 16 (docs/kernels.md);
     the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
-    'fragment': its fixed tile, K steps of 128, at most w4a16_fragment.MAX_STEPS per program (x's shared tile)."""
+    'fragment': its fixed tile (K steps of 128) and load depth, the same split-K rule."""
     if unpack == "fragment":
-        steps = K // w4a16_fragment.BLOCK_K
-        split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), triton.cdiv(N, w4a16_fragment.BLOCK_N))))
-        per = min(triton.cdiv(steps, split), w4a16_fragment.MAX_STEPS)
-        return W4A16Tile(w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, triton.cdiv(steps, per),
-                         w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack)
-    block_k = w4a16_block_k(K, group_size)
+        block_k, block_n = w4a16_fragment.BLOCK_K, w4a16_fragment.BLOCK_N
+    else:
+        block_k, block_n = w4a16_block_k(K, group_size), 64
     if interpreted():             # numpy's cost is per program and step: few, wide programs
         return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
-    block_n = 64
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
     split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
+    if unpack == "fragment":
+        return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack)
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
@@ -136,8 +134,7 @@ class W4A16Plan:
                             dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         if tile.unpack == "fragment":
             consts = dict(GROUP=group_size, ZP_ADD=consts["ZP_ADD"], HAS_BIAS=has_bias, BLOCK_M=16,
-                          SPLIT_K=tile.split_k, STEPS=triton.cdiv(K // tile.block_k, tile.split_k),
-                          DEPTH=tile.num_stages, GATED=gated)
+                          BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated)
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, (triton.cdiv(N, tile.block_n), tile.split_k),
                                consts, dict(num_warps=tile.num_warps))
         self.sum = None
@@ -243,12 +240,12 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         if tile.unpack == "fragment":
             why = fragment_refusal(x2.dtype, x2.device, K, group_size, scales.dtype, g_idx is not None)
             require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
-            fixed = (w4a16_fragment.BLOCK_N, w4a16_fragment.BLOCK_K, w4a16_fragment.WARPS)
-            require((tile.block_n, tile.block_k, tile.num_warps) == fixed and tile.num_stages in (1, 2)
-                    and triton.cdiv(K // tile.block_k, tile.split_k) <= w4a16_fragment.MAX_STEPS,
-                    f"tile.unpack='fragment' runs its fixed tile (block_n {w4a16_fragment.BLOCK_N}, block_k "
-                    f"{w4a16_fragment.BLOCK_K}, {w4a16_fragment.WARPS} warps, 1 or 2 stages) with at most "
-                    f"{w4a16_fragment.MAX_STEPS} K steps per program, got {tile}")
+            require(tile.block_n in (64, 128) and (tile.block_k, tile.num_warps) == (w4a16_fragment.BLOCK_K,
+                                                                                     w4a16_fragment.WARPS)
+                    and tile.num_stages in (1, 2) and 1 <= tile.split_k <= K // tile.block_k,
+                    f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
+                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k at most K / block_k = "
+                    f"{K // tile.block_k}; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan
