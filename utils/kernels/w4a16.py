@@ -93,22 +93,27 @@ def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool, x: torch.Te
     return "ptx" if scales_dtype == torch.float16 and not interpreted() and torch.version.hip is None else "join"
 
 
-def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack: str = "ptx") -> W4A16Tile:
+def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack: str = "ptx",
+                       gated: bool = False) -> W4A16Tile:
     """The tile a call gets unless told otherwise: 64 columns on 4 warps (one warpgroup); the split-K that
     gives about PROGRAMS_PER_SM programs per SM, each over whole K steps; a 3-deep load pipeline (4 for
     'reshape'). Chosen from cold sweeps on the H100 at Qwen2.5-7B's shapes, M = 1 and 16 (docs/kernels.md);
     the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
-    'fragment': its fixed tile (K steps of 128) and load depth, the same split-K rule."""
+    'fragment': 128 columns (64 gated: two weights' registers), K steps of 128, about half as many programs
+    per SM (w4a16_fragment.PROGRAMS_PER_SM), loads one step ahead: its sweep on the H100, the same rule for
+    every M."""
+    per_sm = PROGRAMS_PER_SM
     if unpack == "fragment":
-        block_k, block_n = w4a16_fragment.BLOCK_K, w4a16_fragment.BLOCK_N
+        block_k, block_n = w4a16_fragment.BLOCK_K, (64 if gated else w4a16_fragment.BLOCK_N)
+        per_sm = w4a16_fragment.PROGRAMS_PER_SM
     else:
         block_k, block_n = w4a16_block_k(K, group_size), 64
     if interpreted():             # numpy's cost is per program and step: few, wide programs
         return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
-    split = max(1, min(steps, triton.cdiv(PROGRAMS_PER_SM * max(sms, 1), n_blocks)))
+    split = max(1, min(steps, triton.cdiv(per_sm * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
     if unpack == "fragment":
@@ -223,7 +228,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
         M = x2.shape[0]
         if tile is None:
             tile = w4a16_default_tile(M, K, N, group_size, cache.device_info(x2.device)["sms"],
-                                      w4a16_default_unpack(scales.dtype, g_idx is not None, x2, group_size))
+                                      w4a16_default_unpack(scales.dtype, g_idx is not None, x2, group_size), gated)
         require(tile.unpack == "fragment" or (K % tile.block_k == 0 and group_size % tile.block_k == 0
                                                and tile.block_k >= 16),
                f"tile.block_k must be >= 16 and divide K={K} and group_size={group_size}, got {tile.block_k}")

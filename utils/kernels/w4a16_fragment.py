@@ -33,8 +33,9 @@ except ImportError:                                   # a Triton without Gluon (
 
 from .w4a16_kernels import UNPACK_PTX
 
-BLOCK_N, BLOCK_K, WARPS = 64, 128, 4                   # 16 rows of n per warp (BLOCK_N: 64 or 128)
+BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
+PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
 
 if gluon is not None:
     @gluon.constexpr_function
