@@ -55,13 +55,13 @@ MARLIN=$!
 if [ "${1:-all}" = gated ]; then
   STEPS=" ${GATED_STEPS:-tests bench lab03 profile} "
   if [[ $STEPS == *" tests "* ]]; then
-    TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
+    TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
       tee "$OUT/tests.log" | tail -2
   fi
   kill $MARLIN 2>/dev/null
   if [[ $STEPS == *" bench "* ]]; then
     say "gate and up: fused against two launches"
-    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows 1 16 ${GATED_SWEEP:---sweep} 2>&1 |
+    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows 1 16 ${GATED_SWEEP---sweep} 2>&1 |
       grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
     cp /tmp/gated/bench_gated.* "$OUT/" 2>/dev/null
   fi

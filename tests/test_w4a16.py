@@ -177,10 +177,18 @@ def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):
                            ({"scales_dtype": torch.bfloat16}, "float16 scales"), ({"act_order": True}, "act-order"),
                            ({"x_dtype": torch.float32}, "bfloat16 x"), ({"device": "cpu"}, "sm_80+")):
         assert needle in w4a16.fragment_refusal(**{**ok, **change}), change
-    cap["cap"] = (8, 9)                                           # an RTX 4090 runs it too
-    assert w4a16.fragment_refusal(**ok) is None
-    cap["cap"] = (7, 5)                                           # a T4: no bf16 mma.sync
-    assert "sm_80+" in w4a16.fragment_refusal(**ok)
+    refusal = w4a16.fragment_refusal
+    cap["cap"] = (8, 9)                                          # an RTX 4090 can run it
+    assert refusal(**ok) is None
+    cap["cap"] = (7, 5)                                          # a T4: no bf16 mma.sync
+    assert "sm_80+" in refusal(**ok)
+    # the default: where it serves (as on a GPU that runs it), on Hopper only, where it was measured
+    x = torch.empty(1, 3584, dtype=torch.float16)
+    monkeypatch.setattr(w4a16, "fragment_refusal", lambda *a: None)
+    cap["cap"] = (9, 0)
+    assert w4a16.w4a16_default_unpack(torch.float16, False, x, 128) == "fragment"
+    cap["cap"] = (8, 9)
+    assert w4a16.w4a16_default_unpack(torch.float16, False, x, 128) == "ptx"
 
 
 def test_default_unpack_follows_the_scales_and_act_order(monkeypatch):

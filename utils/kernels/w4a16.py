@@ -3,7 +3,8 @@
 Why its own kernel: a decode step at batch M multiplies M = 1..16 rows by every weight, so it is bound
 by reading the weights, and Int4 weights are about a quarter of BF16's bytes. GPTQModel's Triton kernel
 unpacks the whole weight on every call; this one dequantizes each tile in registers and multiplies it
-on the tensor cores (w4a16_kernels.py). Beyond 16 rows (a prompt) the weight is dequantized once into
+on the tensor cores (w4a16_kernels.py; on Hopper w4a16_fragment.py, which loads the packed words straight
+into the tensor cores' operand layout, no shared memory). Beyond 16 rows (a prompt) the weight is dequantized once into
 a scratch tensor and multiplied by cuBLAS: there the multiply, not the read, sets the time.
 
 It is a torch custom op (torch.ops.quantlab.w4a16_matmul, with a fake implementation), so torch.compile
@@ -83,12 +84,13 @@ def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act
 
 def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool, x: torch.Tensor | None = None,
                          group_size: int = 128) -> str:
-    """The unpacking a call gets: on NVIDIA sm_80+ the Gluon kernel where it serves the call (x, K = x's
-    last dimension); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
+    """The unpacking a call gets: on Hopper (sm_90, where it was measured against the rest) the Gluon kernel
+    where it serves the call (x, K = x's last dimension; on sm_80/89 it runs when a tile asks for it); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
     Triton (other scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
     if act_order:
         return "reshape"
-    if x is not None and fragment_refusal(x.dtype, x.device, x.shape[-1], group_size, scales_dtype, act_order) is None:
+    if x is not None and fragment_refusal(x.dtype, x.device, x.shape[-1], group_size, scales_dtype, act_order) is None \
+            and torch.cuda.get_device_capability(x.device)[0] == 9:
         return "fragment"
     return "ptx" if scales_dtype == torch.float16 and not interpreted() and torch.version.hip is None else "join"
 

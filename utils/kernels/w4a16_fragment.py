@@ -1,5 +1,6 @@
-"""The W4A16 kernel with the weight read straight into the tensor cores' operand layout, on NVIDIA GPUs
-from Ampere on (sm_80+: the RTX 4090, the H100): `w4a16_matmul`'s "fragment" unpacking, written in Gluon.
+"""The W4A16 kernel with the weight read straight into the tensor cores' operand layout: `w4a16_matmul`'s
+"fragment" unpacking, written in Gluon. It runs on NVIDIA GPUs from Ampere on (sm_80+) and is the default
+on Hopper, where it was measured (docs/device-runs/20261127-w4a16-fragment-h100/).
 
 Why: in the Triton kernel (w4a16_kernels.py) each thread unpacks the words it loaded, but the tile product
 wants every thread to hold other elements (its fragment of the mma's A operand: for row n, the K columns
