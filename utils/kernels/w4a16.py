@@ -3,9 +3,10 @@
 Why its own kernel: a decode step at batch M multiplies M = 1..16 rows by every weight, so it is bound
 by reading the weights, and Int4 weights are about a quarter of BF16's bytes. GPTQModel's Triton kernel
 unpacks the whole weight on every call; this one dequantizes each tile in registers and multiplies it
-on the tensor cores (w4a16_kernels.py; on Hopper w4a16_fragment.py, which loads the packed words straight
-into the tensor cores' operand layout, no shared memory). Beyond 16 rows (a prompt) the weight is dequantized once into
-a scratch tensor and multiplied by cuBLAS: there the multiply, not the read, sets the time.
+on the tensor cores (w4a16_kernels.py; on Hopper w4a16_fragment.py, which loads the packed words
+straight into the tensor cores' operand layout, no shared memory). Beyond 16 rows (a prompt) the weight
+is dequantized once into a scratch tensor and multiplied by cuBLAS: there the multiply, not the read,
+sets the time.
 
 It is a torch custom op (torch.ops.quantlab.w4a16_matmul, with a fake implementation), so torch.compile
 and its CUDA graphs take it whole, without a graph break. An eager call goes through a launch plan
@@ -85,8 +86,9 @@ def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act
 def w4a16_default_unpack(scales_dtype: torch.dtype, act_order: bool, x: torch.Tensor | None = None,
                          group_size: int = 128) -> str:
     """The unpacking a call gets: on Hopper (sm_90, where it was measured against the rest) the Gluon kernel
-    where it serves the call (x, K = x's last dimension; on sm_80/89 it runs when a tile asks for it); otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in
-    Triton (other scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
+    where it serves the call (x; K = x's last dimension), which sm_80/89 run only when a tile asks for it.
+    Otherwise the weight as the first operand, unpacked in PTX (fp16 scales, NVIDIA) or in Triton (other
+    scales, ROCm, or the interpreter, which run no PTX); act-order's per-row groups: 'reshape'."""
     if act_order:
         return "reshape"
     if x is not None and fragment_refusal(x.dtype, x.device, x.shape[-1], group_size, scales_dtype, act_order) is None \
@@ -133,17 +135,19 @@ class W4A16Plan:
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
-        consts = dict(GROUP=group_size, ZP_ADD=V1_ZERO_WORD if zero_format == 1 else 0, ACT_ORDER=act_order,
-                      HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                      SPLIT_K=tile.split_k, PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated,
-                      PDL=pdl)
-        self.gemm = Launch(w4a16_kernel, (triton.cdiv(N, tile.block_n), tile.split_k), consts,
-                            dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
+        grid = (triton.cdiv(N, tile.block_n), tile.split_k)
+        zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         if tile.unpack == "fragment":
-            consts = dict(GROUP=group_size, ZP_ADD=consts["ZP_ADD"], HAS_BIAS=has_bias, BLOCK_M=16,
-                          BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated)
-            self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, (triton.cdiv(N, tile.block_n), tile.split_k),
-                               consts, dict(num_warps=tile.num_warps))
+            self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
+                               dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
+                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated),
+                               dict(num_warps=tile.num_warps))
+        else:
+            self.gemm = Launch(w4a16_kernel, grid,
+                               dict(GROUP=group_size, ZP_ADD=zp_add, ACT_ORDER=act_order, HAS_BIAS=has_bias,
+                                    BLOCK_M=16, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, SPLIT_K=tile.split_k,
+                                    PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated, PDL=pdl),
+                               dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
         if tile.split_k > 1:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
@@ -249,10 +253,9 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
             require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
             require(tile.block_n in (64, 128) and (tile.block_k, tile.num_warps) == (w4a16_fragment.BLOCK_K,
                                                                                      w4a16_fragment.WARPS)
-                    and tile.num_stages in (1, 2) and 1 <= tile.split_k <= K // tile.block_k,
+                    and tile.num_stages in (1, 2) and tile.split_k >= 1,
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
-                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k at most K / block_k = "
-                    f"{K // tile.block_k}; got {tile}")
+                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan

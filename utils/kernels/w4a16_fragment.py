@@ -155,10 +155,11 @@ if gluon is not None:
         xrow = (x_ptr + xm[:, None, None, None] * stride_xm + xb[None, :, None, None] * 32 + xt[None, None, :, None] * 8
                 + xe[None, None, None, :])
         xmask = (xm < M)[:, None, None, None]
-        q, zw, s = _loads(words, qz_ptr, s_ptr, first, rn, rb, wmask, nmask, N, GROUP, BK)
-        xv = gl.load(xrow + first * BK, mask=xmask, other=0.0)
+        k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
+        q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
+        xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
         if GATED:
-            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, first, rn, rb, wmask, nmask, N, GROUP, BK)
+            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if DEPTH == 2:
             k1 = gl.minimum(first + 1, last - 1)
             qa, zwa, sa = _loads(words, qz_ptr, s_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
