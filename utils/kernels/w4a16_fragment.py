@@ -16,10 +16,10 @@ the reference's single rounding: s * (q - z)), and the result already *is* the o
 conversions compile to nothing (asserted in the kernel), and the kernel uses no shared memory at all.
 
 The layouts are spelled out (Gluon's DistributedLinearLayout): lanes 0-1 pick the word within a 32-row
-block (t), lanes 2-4 the row n mod 8 (for x: the row m mod 8), a register n + 8 (m + 8), the warps n + 16
-and n + 32 (x: the same for every warp), registers the blocks b and a word's eight rows. The product is
-mma.sync (m16n8k16; on Hopper slower than wgmma, but a decode step's few rows leave the tensor cores idle
-anyway). The next DEPTH steps' loads are in flight while one step computes. Split-K partials go to the same
+block (t), lanes 2-4 the row n mod 8 (for x: the row m mod 8), a register n + 8 (m + 8) and, at 128
+columns, n + 64, the warps n + 16 and n + 32 (x: the same for every warp), registers the blocks b and a
+word's eight rows. The product is mma.sync (m16n8k16) with both operands in registers: Hopper's wgmma
+wants x in shared memory, and staging it there lost (the kept run). The next DEPTH steps' loads are in flight while one step computes. Split-K partials go to the same
 sum kernel as the Triton kernel's. Only fp16 scales, one group per 32 rows (group 32, 64, 128, ...), K a
 multiple of 128, no act-order: w4a16.py falls back to the Triton kernel otherwise.
 """
