@@ -6,7 +6,8 @@ Per M: silu(x @ Wg) * (x @ Wu) as the Int4 model ran it before (two w4a16_matmul
 and product) against w4a16_gated_silu (one launch, x read once, silu as it writes), each with and without
 the sum kernel's programmatic dependent launch (PDL); beside it bf16's two F.linear and the same activation.
 Cold weights under CUDA-graph replay (utils.timing.time_cold), microseconds per MLP half; relative L2 of the
-fused result against float64 (the reference dequant). --sweep: fixed tiles of the fused launch.
+fused result against float64 (the reference dequant). --sweep: fixed tiles of the fused launch (of the kernel
+the call runs by default: the Gluon kernel's columns and split-K on Hopper, the Triton kernel's otherwise).
 Writes bench_gated.md and bench_gated.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -93,8 +94,11 @@ def main(argv=None) -> int:
         rows.append(row)
         print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
         if args.sweep:
-            for bn, split, st in itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4)):
-                tile = W4A16Tile(bn, 128, split, 4, st, "ptx")
+            unpack = w4a16.w4a16_default_unpack(gs.dtype, False, x, 128)      # the kernel the fused call runs
+            grid = itertools.product((64, 128), (1, 2, 4, 7), (1,)) if unpack == "fragment" else \
+                itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))
+            for bn, split, st in grid:
+                tile = W4A16Tile(bn, 128, split, 4, st, unpack)
                 rec = {"M": M, **vars(tile)}
                 try:
                     rec["rel"] = metrics.relative_l2(fused(*ops, tile).cpu(), ref)
@@ -102,7 +106,8 @@ def main(argv=None) -> int:
                 except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
                     rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 sweep.append(rec)
-                print(f"  M={M} bn={bn} split={split} stages={st}: {rec.get('us')} us {rec.get('error', '')}", flush=True)
+                print(f"  M={M} {unpack} bn={bn} split={split} stages={st}: {rec.get('us')} us {rec.get('error', '')}",
+                      flush=True)
         write(args.out, meta, rows, sweep)
     print(markdown(meta, rows, sweep))
     return 0
@@ -125,10 +130,11 @@ def markdown(meta, rows, sweep) -> str:
                    f"| {r['fused_pdl_us']:.1f} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} "
                    f"| {r['fused_vs_unfused_max_abs']:.1e} | {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
     if sweep:
-        out += ["", "| M | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|"]
-        out += [f"| {s['M']} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "
+        out += ["", "| M | unpack | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "
                 f"{s['us']:.1f} | {s['rel']:.2e} |" if "us" in s else
-                f"| {s['M']} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | {s['error']} | - |" for s in sweep]
+                f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} "
+                f"| {s['error']} | - |" for s in sweep]
     return "\n".join(out) + "\n"
 
 
