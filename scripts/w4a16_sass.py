@@ -48,6 +48,8 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         from triton.experimental.gluon._runtime import GluonASTSource
 
         from utils.kernels.w4a16_fragment import w4a16_fragment_kernel
+        if w4a16_fragment_kernel is None:
+            raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
                       DEPTH=min(stages, 2),
                       GATED=gated)

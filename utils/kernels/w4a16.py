@@ -72,7 +72,7 @@ PROGRAMS_PER_SM = 8           # the split-K aims at about this many programs per
 def fragment_refusal(x_dtype, device, K: int, group_size: int, scales_dtype, act_order: bool) -> str | None:
     """Why the Gluon 'fragment' kernel cannot serve a call, or None when it can."""
     if w4a16_fragment.w4a16_fragment_kernel is None:
-        return "a Triton with Gluon (3.5 or later)"
+        return "a Triton whose Gluon has mma_v2 and num_warps (3.6 or later; 3.5 has neither)"
     if interpreted() or torch.device(device).type != "cuda" or torch.version.hip is not None \
             or torch.cuda.get_device_capability(device)[0] < 8:
         return "an NVIDIA GPU from Ampere on (sm_80+: mma.sync on 16-bit operands)"

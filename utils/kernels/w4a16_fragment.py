@@ -29,7 +29,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-except ImportError:                                   # a Triton without Gluon (< 3.5): the Triton kernel serves
+except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): the Triton kernel serves
     gluon = None
 
 from .w4a16_kernels import UNPACK_PTX
