@@ -4,8 +4,8 @@
 
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
-(one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel, its own fixed tile, its load
-depth min(--stages, 2)), counted by kind: the tensor-core products (HGMMA: wgmma,
+(one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel: 4 warps, --block-n 64 or 128,
+its load depth min(--stages, 2)), counted by kind: the tensor-core products (HGMMA: wgmma,
 HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
 unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
 BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
@@ -51,8 +51,7 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         if w4a16_fragment_kernel is None:
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2),
-                      GATED=gated)
+                      DEPTH=min(stages, 2), GATED=gated)
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))

@@ -177,11 +177,10 @@ def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):
                            ({"scales_dtype": torch.bfloat16}, "float16 scales"), ({"act_order": True}, "act-order"),
                            ({"x_dtype": torch.float32}, "bfloat16 x"), ({"device": "cpu"}, "sm_80+")):
         assert needle in w4a16.fragment_refusal(**{**ok, **change}), change
-    refusal = w4a16.fragment_refusal
     cap["cap"] = (8, 9)                                          # an RTX 4090 can run it
-    assert refusal(**ok) is None
+    assert w4a16.fragment_refusal(**ok) is None
     cap["cap"] = (7, 5)                                          # a T4: no bf16 mma.sync
-    assert "sm_80+" in refusal(**ok)
+    assert "sm_80+" in w4a16.fragment_refusal(**ok)
     # the default: where it serves (as on a GPU that runs it), on Hopper only, where it was measured
     x = torch.empty(1, 3584, dtype=torch.float16)
     monkeypatch.setattr(w4a16, "fragment_refusal", lambda *a: None)
@@ -240,5 +239,5 @@ def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
         call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="nibbles"))
     t, _ = layer(seed=6)
     with pytest.raises(ValueError, match="tile.unpack='fragment'") as e:
-        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # its tile is fixed (1 or 2 stages)
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # 3 stages: it runs 1 or 2
     record("kernel", "w4a16_matmul: the Gluon kernel's tile where it cannot run", str(e.value))
