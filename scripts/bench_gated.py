@@ -95,12 +95,10 @@ def main(argv=None) -> int:
         print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
         if args.sweep:
             unpack = w4a16.w4a16_default_unpack(gs.dtype, False, x, 128)      # the kernel the fused call runs
-            # the Gluon kernel: columns, split-K, warps along K, L2 prefetch distance; the Triton kernel: stages
-            grid = [(bn, sp, 1, kw, pf) for bn, kw, pf in ((64, 1, 0), (64, 1, 4), (128, 1, 0), (64, 2, 0), (64, 4, 0),
-                                                            (64, 4, 4)) for sp in (2, 4, 7)] if unpack == "fragment" else \
-                [(bn, sp, st, 1, 0) for bn, sp, st in itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))]
-            for bn, split, st, kw, pf in grid:
-                tile = W4A16Tile(bn, 128, split, 4, st, unpack, kw, pf)
+            grid = itertools.product((64, 128), (1, 2, 4, 7), (1,)) if unpack == "fragment" else \
+                itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))
+            for bn, split, st in grid:
+                tile = W4A16Tile(bn, 128, split, 4, st, unpack)
                 rec = {"M": M, **vars(tile)}
                 try:
                     rec["rel"] = metrics.relative_l2(fused(*ops, tile).cpu(), ref)
@@ -108,8 +106,7 @@ def main(argv=None) -> int:
                 except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
                     rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 sweep.append(rec)
-                print(f"  M={M} {unpack} bn={bn} split={split} stages={st} warps_k={kw} prefetch={pf}: {rec.get('us')} us "
-                      f"{rec.get('error', '')}",
+                print(f"  M={M} {unpack} bn={bn} split={split} stages={st}: {rec.get('us')} us {rec.get('error', '')}",
                       flush=True)
         write(args.out, meta, rows, sweep)
     print(markdown(meta, rows, sweep))
@@ -133,10 +130,11 @@ def markdown(meta, rows, sweep) -> str:
                    f"| {r['fused_pdl_us']:.1f} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} "
                    f"| {r['fused_vs_unfused_max_abs']:.1e} | {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
     if sweep:
-        out += ["", "| M | unpack | block_n | split_k | stages | warps_k | prefetch | us | rel |", "|" + "---|" * 9]
-        out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} "
-                f"| {s.get('warps_k', 1)} | {s.get('prefetch', 0)} | "
-                + (f"{s['us']:.1f} | {s['rel']:.2e} |" if "us" in s else f"{s['error']} | - |") for s in sweep]
+        out += ["", "| M | unpack | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|---|"]
+        out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "
+                f"{s['us']:.1f} | {s['rel']:.2e} |" if "us" in s else
+                f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} "
+                f"| {s['error']} | - |" for s in sweep]
     return "\n".join(out) + "\n"
 
 

@@ -194,18 +194,15 @@ def main(argv=None) -> int:
 
 
 def sweep_tiles(base: W4A16Tile, K: int) -> list[W4A16Tile]:
-    """Tiles around the default: for the Gluon kernel 64 or 128 columns, warps along K (1, 2, 4), L2 prefetch
-    distance (0, 4, 8 steps) and split-K x1 or x2 (load depth 1: depth 2 lost at every shape, kept run
-    20261127-w4a16-fragment-h100); for the Triton kernel every unpacking, 64 to 256 columns, split-K x1 and x2,
-    3 or 4 stages."""
+    """Tiles around the default: for the Gluon kernel 64 or 128 columns, split-K /2, x1, x2, load depth 1 or 2; for the Triton
+    kernel every unpacking, 64 to 256 columns, split-K x1 and x2, 3 or 4 stages."""
     steps = K // 128
     if base.unpack == "fragment":
         tiles = []
-        for bn, kw, pf in ((128, 1, 0), (128, 1, 4), (128, 1, 8), (128, 2, 0), (64, 2, 0), (64, 2, 4), (64, 4, 0),
-                           (64, 4, 4)):
+        for bn in (64, 128):
             split = max(1, min(steps, round(base.split_k * bn / base.block_n)))
-            splits = sorted({split, min(steps, 2 * split)}) if (bn == 128 and kw == 1 and pf < 8) or kw == 4 else [split]
-            tiles += [W4A16Tile(bn, 128, sp, 4, 1, "fragment", kw, pf) for sp in splits]
+            splits = sorted({max(1, min(steps, round(split * f))) for f in (0.5, 1, 2)})
+            tiles += [W4A16Tile(bn, 128, sp, 4, depth, "fragment") for sp in splits for depth in (1, 2)]
         return tiles
     grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
             *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
@@ -245,11 +242,9 @@ def markdown(meta, rows, sweep) -> str:
                        f"| {f(r.get('eager_marlin_us'))} |")
     if sweep:
         out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",
-                "| shape | M | unpack | block_n | warps | warps_k | split_k | stages | prefetch | us | rel | regs | spills |",
-                "|" + "---|" * 13]
+                "| shape | M | unpack | block_n | warps | split_k | stages | us | rel | regs | spills |", "|" + "---|" * 11]
         out += [f"| {s['shape']} | {s['M']} | {s.get('unpack', 'rows' if s.get('rows') else 'reshape')} | {s['block_n']} "
-                f"| {s['num_warps']} | {s.get('warps_k', 1)} | {s['split_k']} | {s.get('num_stages', 2)} "
-                f"| {s.get('prefetch', 0)} | {f(s['us'])} "
+                f"| {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} | {f(s['us'])} "
                 f"| {'-' if s.get('rel') is None else format(s['rel'], '.2e')} | {s.get('regs', '-')} "
                 f"| {s.get('spills', '-')} |" for s in sweep]
     return "\n".join(out) + "\n"

@@ -1,12 +1,11 @@
 """What the W4A16 kernel's main loop executes on an NVIDIA GPU, read from its machine code, without a GPU.
 
-    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx fragment] [--block-n 64] [--warps 4] [--stages 3]
-                                 [--warps-k 1] [--prefetch 0] [--out DIR]
+    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx fragment] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
 
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
 (one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel: 4 warps, --block-n 64 or 128,
-its load depth min(--stages, 2), --warps-k groups of warps along K, --prefetch L2 distance), counted by kind: the tensor-core products (HGMMA: wgmma,
+its load depth min(--stages, 2)), counted by kind: the tensor-core products (HGMMA: wgmma,
 HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
 unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
 BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
@@ -25,16 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-KINDS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDS", "LDSM", "STS", "BAR", "CCTL", "LOP3", "SHF", "PRMT", "HADD2",
-         "HMUL2", "IMAD", "LEA")
+KINDS = ("HGMMA", "HMMA", "LDGSTS", "LDG", "LDS", "LDSM", "STS", "BAR", "LOP3", "SHF", "PRMT", "HADD2", "HMUL2",
+         "IMAD", "LEA")
 OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
 def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90, gated: bool = False,
-                 pdl: bool = False, warps_k: int = 1, prefetch: int = 0) -> str:
+                 pdl: bool = False) -> str:
     """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>;
-    gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch; warps_k and
-    prefetch: the Gluon kernel's (W4A16Tile)."""
+    gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -53,7 +51,7 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         if w4a16_fragment_kernel is None:
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2), GATED=gated, PREFETCH=prefetch, WARPS_K=warps_k)
+                      DEPTH=min(stages, 2), GATED=gated)
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
@@ -92,9 +90,6 @@ def main(argv=None) -> int:
                     help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 86 RTX 3090, 80 A100")
     ap.add_argument("--gated", action="store_true", help="gate and up in one program (w4a16_gated_silu)")
     ap.add_argument("--pdl", action="store_true", help="with the sum kernel's programmatic dependent launch")
-    ap.add_argument("--warps-k", type=int, default=1, choices=(1, 2, 4),
-                    help="the Gluon kernel: groups of warps splitting each K step")
-    ap.add_argument("--prefetch", type=int, default=0, help="the Gluon kernel: K steps asked of L2 ahead")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
@@ -106,8 +101,7 @@ def main(argv=None) -> int:
     rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
             "|" + "---|" * (3 + len(KINDS))]
     for unpack in args.unpack:
-        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl,
-                            args.warps_k, args.prefetch)
+        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl)
         ops = loop_body(sass)
         n = collections.Counter(ops)
         rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")
@@ -116,9 +110,7 @@ def main(argv=None) -> int:
             (args.out / f"sass_{unpack}.txt").write_text(sass)
     import triton
     text = (f"W4A16 kernel's K loop on sm_{args.arch} (Triton {triton.__version__}, compiled here): tile {args.block_n} x 128, "
-            f"{args.warps} warps, {args.stages} stages{', gated' if args.gated else ''}"
-            + (f" (the Gluon kernel: warps_k {args.warps_k}, prefetch {args.prefetch})" if "fragment" in args.unpack else "")
-            + f", {per_thread} weights per thread "
+            f"{args.warps} warps, {args.stages} stages{', gated' if args.gated else ''}, {per_thread} weights per thread "
             "and step.\n\n" + "\n".join(rows) + "\n")
     if args.out:
         (args.out / "w4a16_sass.md").write_text(text)

@@ -32,7 +32,7 @@ def two_layers(x, tg, tu, group, fmt, **kw):
 def test_fused_is_two_layers_and_silu(M, split_k, bias, unpack):
     gate, up, (tg, wg), (tu, wu) = pair(bias)
     tile = w4a16.W4A16Tile(32, 64, split_k, 1, 1, "join") if unpack == "join" else \
-        w4a16.W4A16Tile(64, 128, split_k, 4, 1, "fragment", split_k, split_k // 2)  # fp16 or bf16 x only; K groups
+        w4a16.W4A16Tile(64, 128, split_k, 4, 1, "fragment")        # the Gluon kernel: fp16 or bf16 x only
     for dtype in (torch.float16, torch.float32) if unpack == "join" else (torch.float16, torch.bfloat16):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).to(DEVICE, dtype)
         y = w4a16.w4a16_gated_silu(x, gate, up, 64, 1, tile)

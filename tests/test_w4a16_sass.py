@@ -47,24 +47,3 @@ def test_the_fragment_kernel_moves_no_tile_through_shared_memory(arch, tmp_path)
         assert not {"STS", "LDS", "LDSM"} & set(w4a16_sass.OP.findall(sass)), (arch, gated)
         assert "LDG.E.128" in sass                                         # x's fragment: 16 bytes a load
         assert {"STS", "LDSM"} <= set(w4a16_sass.loop_body((out / "sass_ptx.txt").read_text()))
-
-
-@pytest.mark.parametrize("warps_k,prefetch,gated", [(2, 0, False), (4, 4, False), (4, 2, True)])
-def test_the_fragment_kernels_k_groups_and_prefetch_keep_the_loop_in_registers(warps_k, prefetch, gated, tmp_path):
-    # warps splitting K each multiply their own 32-row blocks (16 mma per warp and step at 64 columns, as with
-    # warps along n) and sum once at the end, through shared memory; the loop itself stays in registers. The
-    # prefetch asks L2 for the words, the zeros and the scales: three CCTL.PF2 per weight and step
-    from utils.kernels import w4a16_fragment
-    if w4a16_fragment.w4a16_fragment_kernel is None:
-        pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", "90", "--unpack", "fragment",
-                    "--block-n", "64", "--stages", "1", "--warps-k", str(warps_k), "--prefetch", str(prefetch),
-                    "--out", str(tmp_path)] + (["--gated"] if gated else []), check=True, env=env,
-                   capture_output=True, timeout=240)
-    sass = (tmp_path / "sass_fragment.txt").read_text()
-    ops = w4a16_sass.loop_body(sass)
-    assert ops.count("HMMA") == (32 if gated else 16)
-    assert not {"STS", "LDS", "LDSM", "BAR"} & set(ops)
-    assert {"STS", "LDS"} <= set(w4a16_sass.OP.findall(sass))             # the K groups' sum, after the loop
-    assert ops.count("CCTL") == (3 * (2 if gated else 1) if prefetch else 0)

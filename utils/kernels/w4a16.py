@@ -45,17 +45,13 @@ class W4A16Tile:
     codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
     once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
     in its thread, in Triton or in PTX; or loaded straight into the tensor-core operand's layout by the Gluon
-    kernel, 'fragment' (NVIDIA sm_80+): 64 or 128 columns, 128 K rows per step, 4 warps, w4a16_fragment.py).
-    The Gluon kernel only: warps_k, how many groups of its warps split each K step (1, 2 or 4; each reads its
-    part of x once for more columns), and prefetch, how many K steps ahead it asks L2 for the weights."""
+    kernel, 'fragment' (NVIDIA sm_80+): 64 or 128 columns, 128 K rows per step, 4 warps, w4a16_fragment.py)."""
     block_n: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int = 2
     unpack: str = "reshape"
-    warps_k: int = 1
-    prefetch: int = 0
 
 
 UNPACKS = ("reshape", "rows", "join", "ptx", "fragment")    # the Triton kernel's UNPACK 0..3; 'fragment': Gluon
@@ -125,8 +121,7 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
     if unpack == "fragment":
-        return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack,
-                         w4a16_fragment.WARPS_K, w4a16_fragment.PREFETCH)
+        return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack)
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
@@ -145,8 +140,7 @@ class W4A16Plan:
         if tile.unpack == "fragment":
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
                                dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
-                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated,
-                                    PREFETCH=tile.prefetch, WARPS_K=tile.warps_k),
+                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated),
                                dict(num_warps=tile.num_warps))
         else:
             self.gemm = Launch(w4a16_kernel, grid,
@@ -255,19 +249,13 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                f"w4a16_gated_silu unpacks the weight as the first operand: tile.unpack 'join', 'ptx' or 'fragment', "
                f"got {tile.unpack!r}")
         if tile.unpack == "fragment":
-            require(tile.block_n in (64, 128) and (tile.block_k, tile.num_warps) == (w4a16_fragment.BLOCK_K,
-                                                                                     w4a16_fragment.WARPS)
-                    and tile.num_stages in (1, 2) and tile.split_k >= 1 and tile.warps_k in (1, 2, 4)
-                    and 0 <= tile.prefetch <= 16,
-                    f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
-                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1, warps_k 1, 2 or 4, prefetch 0 to 16; "
-                    f"got {tile}")
             why = fragment_refusal(x2.dtype, x2.device, K, group_size, scales.dtype, g_idx is not None)
             require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
-        else:
-            require((tile.warps_k, tile.prefetch) == (1, 0),
-                    f"tile.warps_k and tile.prefetch are the Gluon kernel's (unpack='fragment'); the Triton kernel "
-                    f"runs warps_k=1, prefetch=0, got {tile}")
+            require(tile.block_n in (64, 128) and (tile.block_k, tile.num_warps) == (w4a16_fragment.BLOCK_K,
+                                                                                     w4a16_fragment.WARPS)
+                    and tile.num_stages in (1, 2) and tile.split_k >= 1,
+                    f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
+                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan

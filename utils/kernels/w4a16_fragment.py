@@ -36,107 +36,76 @@ from .w4a16_kernels import UNPACK_PTX
 
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
-PREFETCH = 0                                           # K steps asked of L2 ahead of the one computed (0: none)
-WARPS_K = 1                                            # groups of warps splitting each K step (1, 2 or 4)
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
 
 if gluon is not None:
     @gluon.constexpr_function
-    def word_layout(kw, block_n, nbk, num_warps):
-        """[kw, block_n, nbk, 4] words (warp group along K, n, block b within it, word t within the block) as the
-        mma's A fragment needs them: lanes pick t and n mod 8; warps n + 16.. first, then the K groups."""
-        wn = num_warps // kw
-        reg = [[0, 8, 0, 0]] + [[0, 0, 1 << i, 0] for i in range(nbk.bit_length() - 1)]
-        reg += [[0, 16 * wn << i, 0, 0] for i in range((block_n // (16 * wn)).bit_length() - 1)]
-        lane = [[0, 0, 0, 1], [0, 0, 0, 2], [0, 1, 0, 0], [0, 2, 0, 0], [0, 4, 0, 0]]
-        warp = [[0, 16 << i, 0, 0] for i in range(wn.bit_length() - 1)] + [[1 << i, 0, 0, 0] for i in range(kw.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [kw, block_n, nbk, 4])
+    def word_layout(block_n, nb, num_warps):
+        """[block_n, nb, 4] words (n, block b, word t within the block) as the mma's A fragment needs them."""
+        reg = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range(nb.bit_length() - 1)]
+        reg += [[16 * num_warps << i, 0, 0] for i in range((block_n // (16 * num_warps)).bit_length() - 1)]
+        lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
+        warp = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_n, nb, 4])
 
     @gluon.constexpr_function
-    def x_layout(kw, block_m, nbk, num_warps):
-        """[kw, block_m, nbk, 4, 8] of x (K group, row m, block b, word t, row e of the word) as the mma's B
-        fragment needs them: e in registers (one 16-byte load), the same for every warp of a K group."""
-        wn = num_warps // kw
-        reg = [[0, 0, 0, 0, 1], [0, 0, 0, 0, 2], [0, 0, 0, 0, 4]] + [[0, 0, 1 << i, 0, 0] for i in range(nbk.bit_length() - 1)]
-        reg += [[0, 8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
-        lane = [[0, 0, 0, 1, 0], [0, 0, 0, 2, 0], [0, 1, 0, 0, 0], [0, 2, 0, 0, 0], [0, 4, 0, 0, 0]]
-        warp = [[0, 0, 0, 0, 0] for _ in range(wn.bit_length() - 1)] + [[1 << i, 0, 0, 0, 0] for i in range(kw.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [kw, block_m, nbk, 4, 8])
+    def x_layout(block_m, nb, num_warps):
+        """[block_m, nb, 4, 8] of x (row m, block b, word t, row e of the word) as the mma's B fragment
+        needs them: e in registers (one 16-byte load), every warp the same."""
+        reg = [[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]] + [[0, 1 << i, 0, 0] for i in range(nb.bit_length() - 1)]
+        reg += [[8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
+        lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+        warp = [[0, 0, 0, 0] for _ in range(num_warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
 
     @gluon.constexpr_function
-    def acc_layout(kw, num_warps):
-        """The accumulator [kw, BLOCK_N, BLOCK_M]: one per K group of warps, warps along n inside a group."""
-        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[kw, num_warps // kw, 1],
-                                         instr_shape=[1, 16, 8])
+    def acc_layout(num_warps):
+        """The accumulator [BLOCK_N, BLOCK_M]: warps stacked along n, mma.sync m16n8k16."""
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
 
     @gluon.jit
-    def _groups(qz_ptr, s_ptr, kb, rn, rk, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
-        """The zero words and scales of K step kb: [1, BLOCK_N, 1] for one group per step, [KW, BLOCK_N, NBK]
-        for one per 32-row block (groups of 32 or 64; rk: the block's first row within the step)."""
+    def _groups(qz_ptr, s_ptr, kb, rn, rb, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
+        """The zero words and scales of K step kb: [BLOCK_N, 1] for one group per step, [BLOCK_N, NB] for
+        one per 32-row block (groups of 32 or 64)."""
         if GROUP >= BK:
             g = kb * BK // GROUP
-            zw = gl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)[None, :, None]
-            s = gl.load(s_ptr + g * N + rn, mask=nmask, other=0.0)[None, :, None]
+            zw = gl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)[:, None]
+            s = gl.load(s_ptr + g * N + rn, mask=nmask, other=0.0)[:, None]
         else:
-            g = (kb * BK + rk) // GROUP
-            zw = gl.load(qz_ptr + g * (N // 8) + (rn // 8)[None, :, None], mask=nmask[None, :, None], other=0)
-            s = gl.load(s_ptr + g * N + rn[None, :, None], mask=nmask[None, :, None], other=0.0)
+            g = ((kb * BK + rb * 32) // GROUP)[None, :]
+            zw = gl.load(qz_ptr + g * (N // 8) + (rn // 8)[:, None], mask=nmask[:, None], other=0)
+            s = gl.load(s_ptr + g * N + rn[:, None], mask=nmask[:, None], other=0.0)
         return zw, s
 
     @gluon.jit
-    def _loads(words, qz_ptr, s_ptr, kb, rn, rk, wmask, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
+    def _loads(words, qz_ptr, s_ptr, kb, rn, rb, wmask, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
         """K step kb's words, zero words and scales."""
         q = gl.load(words + kb * (BK // 8) * N, mask=wmask, other=0)
-        zw, s = _groups(qz_ptr, s_ptr, kb, rn, rk, nmask, N, GROUP, BK)
+        zw, s = _groups(qz_ptr, s_ptr, kb, rn, rb, nmask, N, GROUP, BK)
         return q, zw, s
 
     @gluon.jit
-    def _prefetch(qw_ptr, qz_ptr, s_ptr, kb, n0, N, GROUP: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr,
-                  NW: gl.constexpr):
-        """Ask L2 for K step kb's words, zero words and scales, one 128-byte line per element, holding no
-        registers: the loads DEPTH steps ahead then wait on L2, not on DRAM. Addresses clamped in bounds."""
-        L: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [NW, 1], [1, 0])
-        NG: gl.constexpr = BK // GROUP if GROUP < BK else 1
-        r = gl.arange(0, BK // 8, layout=gl.SliceLayout(1, L))
-        c = gl.arange(0, BN // 32, layout=gl.SliceLayout(0, L))
-        lines = qw_ptr + (kb * (BK // 8) + r)[:, None] * N + gl.minimum(n0 + 32 * c, N - 1)[None, :]
-        g = kb * BK // GROUP + gl.arange(0, NG, layout=gl.SliceLayout(1, L))
-        cs = gl.arange(0, (BN + 63) // 64, layout=gl.SliceLayout(0, L))
-        slines = s_ptr + g[:, None] * N + gl.minimum(n0 + 64 * cs, N - 1)[None, :]
-        zlines = qz_ptr + g * (N // 8) + n0 // 8
-        _ask_l2(lines)
-        _ask_l2(slines)
-        _ask_l2(zlines)
-
-    @gluon.jit
-    def _ask_l2(ptrs):
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
     def _fragment(q, zw, s, zshift, ZP_ADD: gl.constexpr, layout: gl.constexpr, dtype: gl.constexpr):
-        """The words q [KW, BLOCK_N, NBK, 4] dequantized into the A operand [KW, BLOCK_N, NBK * 32] (renamed K)."""
-        z = (((zw + ZP_ADD) >> zshift) & 0xF) | 0x6400       # 1024 + z as fp16 bits
-        zz = (z | (z << 16))[:, :, :, None]
+        """The words q [BLOCK_N, NB, 4] dequantized into the A operand [BLOCK_N, BLOCK_K] (renamed K)."""
+        z = (((zw + ZP_ADD) >> zshift[:, None]) & 0xF) | 0x6400       # 1024 + z as fp16 bits
+        zz = (z | (z << 16))[:, :, None]
         sb = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        ss = (sb | (sb << 16))[:, :, :, None]
+        ss = (sb | (sb << 16))[:, :, None]
         w0, w1, w2, w3, w4, w5, w6, w7 = gl.inline_asm_elementwise(
             UNPACK_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [q, zz, ss], dtype=(gl.float16,) * 8, is_pure=True, pack=1)
         # code j = 4r + 2h + p of word (b, t) -> logical column 32b + 16h + 8p + 2t + r: joins add r, p, h
         w = gl.join(gl.join(gl.join(w0, w4), gl.join(w1, w5)), gl.join(gl.join(w2, w6), gl.join(w3, w7)))
-        w = gl.reshape(gl.permute(w, (0, 1, 2, 6, 5, 3, 4)), (q.shape[0], q.shape[1], q.shape[2] * 32))
+        w = gl.reshape(gl.permute(w, (0, 1, 5, 4, 2, 3)), (q.shape[0], q.shape[1] * 32))
         return gl.convert_layout(w.to(dtype), layout, assert_trivial=True)
 
     @gluon.jit
     def _x_fragment(xv, layout: gl.constexpr):
-        """x [KW, BLOCK_M, NBK, 4, 8] (word t's eight physical rows e = 4r + 2h + p) as the B operand
-        [KW, NBK * 32, BLOCK_M] in the renamed order, logical row 32b + 16h + 8p + 2t + r."""
-        KW: gl.constexpr = xv.shape[0]
-        BM: gl.constexpr = xv.shape[1]
-        NBK: gl.constexpr = xv.shape[2]
-        v = gl.permute(gl.reshape(xv, (KW, BM, NBK, 4, 2, 2, 2)), (0, 1, 2, 5, 6, 3, 4))     # [., m, b, h, p, t, r]
-        v = gl.permute(gl.reshape(v, (KW, BM, NBK * 32)), (0, 2, 1))
-        return gl.convert_layout(v, layout, assert_trivial=True)
+        """x [BLOCK_M, NB, 4, 8] (word t's eight physical rows e = 4r + 2h + p) as the B operand
+        [BLOCK_K, BLOCK_M] in the renamed order, logical row 32b + 16h + 8p + 2t + r."""
+        BM: gl.constexpr = xv.shape[0]
+        NB: gl.constexpr = xv.shape[1]
+        v = gl.permute(gl.reshape(xv, (BM, NB, 4, 2, 2, 2)), (0, 1, 4, 5, 2, 3))      # [m, b, h, p, t, r]
+        return gl.convert_layout(gl.permute(gl.reshape(v, (BM, NB * 32)), (1, 0)), layout, assert_trivial=True)
 
     @gluon.jit
     def _silu_mul(g, u, out_dtype: gl.constexpr):
@@ -149,82 +118,64 @@ if gluon is not None:
     def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
                               b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
-                              PREFETCH: gl.constexpr = 0, WARPS_K: gl.constexpr = 1):
+                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
-        flight ahead of the one computed (1 or 2). PREFETCH: K steps asked of L2 ahead (0: none)."""
+        flight ahead of the one computed (1 or 2)."""
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = BLOCK_N
         BK: gl.constexpr = 128
-        KW: gl.constexpr = WARPS_K
-        NBK: gl.constexpr = BK // 32 // KW                   # 32-row blocks per K group of warps and step
-        LQ: gl.constexpr = word_layout(KW, BN, NBK, NW)
-        LX: gl.constexpr = x_layout(KW, BLOCK_M, NBK, NW)
-        MMA: gl.constexpr = acc_layout(KW, NW)
+        NB: gl.constexpr = BK // 32
+        LQ: gl.constexpr = word_layout(BN, NB, NW)
+        LX: gl.constexpr = x_layout(BLOCK_M, NB, NW)
+        MMA: gl.constexpr = acc_layout(NW)
         A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
         B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
-        L3: gl.constexpr = gl.SliceLayout(3, LQ)
-        X3: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, LX))
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         pid_n = gl.program_id(0)
         nkb = K // BK
         per = gl.cdiv(nkb, SPLIT_K)
         first = gl.program_id(1) * per
         last = gl.minimum(first + per, nkb)
-        # this program's words: (group w, n, block b, t) -> qweight[kb * 16 + 4 (w NBK + b) + t, n]
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        rw = gl.arange(0, KW, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3)))
-        rb = gl.arange(0, NBK, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
-        rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LQ))))
-        rk = (rw[:, None, None] * NBK + rb[None, None, :]) * 32           # the block's first row in the step
+        # this program's words: (n, b, t) -> qweight[kb * 16 + 4b + t, n]
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
+        rb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
+        rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
         nmask = rn < N
-        wmask = nmask[None, :, None, None]
-        zshift = ((rn % 8) * 4)[None, :, None]
-        wrow = rn[None, :, None, None] + ((rk // 8)[:, :, :, None] + rt[None, None, None, :]) * N
-        words, words2 = qw_ptr + wrow, qw2_ptr + wrow
-        # x's rows: (group w, m, block b, t, e) -> x[m, kb * 128 + 32 (w NBK + b) + 8t + e]
-        xw = gl.arange(0, KW, layout=gl.SliceLayout(1, gl.SliceLayout(2, X3)))
-        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, X3)))
-        xb = gl.arange(0, NBK, layout=gl.SliceLayout(0, gl.SliceLayout(1, X3)))
-        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, LX)))))
-        xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LX)))))
-        xk = (xw[:, None, None] * NBK + xb[None, None, :]) * 32
-        xrow = (x_ptr + xm[None, :, None, None, None] * stride_xm + xk[:, :, :, None, None]
-                + xt[None, None, None, :, None] * 8 + xe[None, None, None, None, :])
-        xmask = (xm < M)[None, :, None, None, None]
+        wmask = nmask[:, None, None]
+        zshift = (rn % 8) * 4
+        words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
+        words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
+        # x's rows: (m, b, t, e) -> x[m, kb * 128 + 32b + 8t + e]
+        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
+        xb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
+        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LX))))
+        xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LX))))
+        xrow = (x_ptr + xm[:, None, None, None] * stride_xm + xb[None, :, None, None] * 32 + xt[None, None, :, None] * 8
+                + xe[None, None, None, :])
+        xmask = (xm < M)[:, None, None, None]
         k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
-        q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rk, wmask, nmask, N, GROUP, BK)
+        q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
         if GATED:
-            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rk, wmask, nmask, N, GROUP, BK)
+            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if DEPTH == 2:
             k1 = gl.minimum(first + 1, last - 1)
-            qa, zwa, sa = _loads(words, qz_ptr, s_ptr, k1, rn, rk, wmask, nmask, N, GROUP, BK)
+            qa, zwa, sa = _loads(words, qz_ptr, s_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
             xa = gl.load(xrow + k1 * BK, mask=xmask, other=0.0)
             if GATED:
-                qa2, zwa2, sa2 = _loads(words2, qz2_ptr, s2_ptr, k1, rn, rk, wmask, nmask, N, GROUP, BK)
-        if PREFETCH > 0:
-            for kp in range(first + DEPTH, gl.minimum(first + PREFETCH, last)):
-                _prefetch(qw_ptr, qz_ptr, s_ptr, kp, pid_n * BN, N, GROUP, BK, BN, NW)
-                if GATED:
-                    _prefetch(qw2_ptr, qz2_ptr, s2_ptr, kp, pid_n * BN, N, GROUP, BK, BN, NW)
-        acc = gl.zeros((KW, BN, BLOCK_M), gl.float32, layout=MMA)
-        acc2 = gl.zeros((KW, BN, BLOCK_M), gl.float32, layout=MMA)
+                qa2, zwa2, sa2 = _loads(words2, qz2_ptr, s2_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
+        acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
+        acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         for kb in range(first, last):
             kn = gl.minimum(kb + DEPTH, last - 1)               # the last steps reload the last one
-            if PREFETCH > 0:
-                if kb + PREFETCH < last:
-                    _prefetch(qw_ptr, qz_ptr, s_ptr, kb + PREFETCH, pid_n * BN, N, GROUP, BK, BN, NW)
-                    if GATED:
-                        _prefetch(qw2_ptr, qz2_ptr, s2_ptr, kb + PREFETCH, pid_n * BN, N, GROUP, BK, BN, NW)
-            qn, zwn, sn = _loads(words, qz_ptr, s_ptr, kn, rn, rk, wmask, nmask, N, GROUP, BK)
+            qn, zwn, sn = _loads(words, qz_ptr, s_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
             xn = gl.load(xrow + kn * BK, mask=xmask, other=0.0)
             xf = _x_fragment(xv, B)
             acc = mma_v2(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
             if GATED:
-                qn2, zwn2, sn2 = _loads(words2, qz2_ptr, s2_ptr, kn, rn, rk, wmask, nmask, N, GROUP, BK)
+                qn2, zwn2, sn2 = _loads(words2, qz2_ptr, s2_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
                 acc2 = mma_v2(_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
                 if DEPTH == 2:
                     q2, zw2, s2 = qa2, zwa2, sa2
@@ -236,10 +187,8 @@ if gluon is not None:
                 qa, zwa, sa, xa = qn, zwn, sn, xn
             else:
                 q, zw, s, xv = qn, zwn, sn, xn
-        acc = gl.sum(acc, axis=0)                   # the K groups' sums, in a fixed order
-        acc2 = gl.sum(acc2, axis=0)
-        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(0, MMA)))
-        rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(0, MMA)))
+        rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
+        rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
         if SPLIT_K == 1:
             if HAS_BIAS:
