@@ -104,7 +104,7 @@ if [ "${1:-all}" = gated ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = model ]; then
-  TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
+  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
   kill $MARLIN 2>/dev/null
   if [ "${KBENCH:-0}" = 1 ]; then
     timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
@@ -148,7 +148,7 @@ if [ "${1:-all}" = table ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = sweep ]; then
-  TRITON_INTERPRET=0 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
+  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
   timeout 330 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
     --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
   cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null

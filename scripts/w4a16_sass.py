@@ -51,8 +51,9 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         if w4a16_fragment_kernel is None:
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2), GATED=gated)
-        sig.update({k: "constexpr" for k in consts})
+                      DEPTH=min(stages, 2), GATED=gated, LAST_PROGRAM_SUMS=True)
+        sig.update({"count_ptr": "*i32", **{k: "constexpr" for k in consts}})
+        aligned[(16,)] = [["tt.divisibility", 16]]
         k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     else:

@@ -217,7 +217,7 @@ def test_both_unpackings_give_the_same_bits(act_order):
 @pytest.mark.parametrize("unpack", ["reshape", "rows", "join"] + ([] if kernels.interpreted() else ["ptx"])
                          + (["fragment"] if FRAGMENT else []))
 @pytest.mark.parametrize("M,sym,fmt,bias", [(1, True, 1, False), (16, False, 1, True), (5, False, 2, False)])
-def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias):
+def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias, monkeypatch):
     t, w = layer(K=512, N=128, group=128, sym=sym, fmt=fmt, bias=bias, zero_heavy=not sym, seed=M)
     x = torch.randn(M, 512, generator=torch.Generator().manual_seed(M)).to(DEVICE, torch.float16)
     tile = w4a16.W4A16Tile(block_n=64, block_k=128, split_k=2, num_warps=4, num_stages=1 if unpack == "fragment" else 2,
@@ -228,6 +228,16 @@ def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias):
     base = call(x, t, 128, fmt, tile=w4a16.W4A16Tile(64, 128, 2, 4, unpack="reshape"))
     # same dequantized weights, another operand order: at most a rounding of the fp16 output apart
     assert torch.allclose(y.float(), base.float(), rtol=2e-3, atol=1e-3)
+    if unpack == "fragment":
+        # its split-K partials summed by each column block's last program (the count back to 0 after every
+        # call) or by the sum kernel: the same order, the same bits; with more splits than the 4 K steps, the
+        # idle programs arrive too
+        idle = w4a16.W4A16Tile(64, 128, 8, 4, 1, "fragment")
+        y8 = call(x, t, 128, fmt, tile=idle)
+        assert all(torch.equal(call(x, t, 128, fmt, tile=tile), y) for _ in range(2))
+        monkeypatch.setattr(w4a16, "LAST_PROGRAM_SUMS", False)
+        assert torch.equal(call(x, t, 128, fmt, tile=tile), y) and torch.equal(call(x, t, 128, fmt, tile=idle), y8)
+        assert torch.allclose(y8.float(), y.float(), rtol=2e-3, atol=1e-3)
 
 
 def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():

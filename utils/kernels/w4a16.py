@@ -36,6 +36,9 @@ ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus
 # the compiled 7B decode step was 0.11 ms slower with it (its early-resident programs wait beside the GEMM's;
 # docs/device-runs/20261127-w4a16-gated-h100, run3).
 SUM_PDL = False
+# The Gluon kernel's split-K partials summed by each column block's last program (w4a16_fragment.py) instead
+# of a second kernel: the same bits, one launch less per call. A switch a benchmark flips, as SUM_PDL.
+LAST_PROGRAM_SUMS = True
 
 
 @dataclass(frozen=True)
@@ -131,16 +134,21 @@ class W4A16Plan:
     pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap."""
 
     def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
-                 gated: bool = False, pdl: bool = False):
+                 gated: bool = False, pdl: bool = False, device=None, last_sums: bool = False):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
+        self.counts = None                 # the Gluon kernel's arrivals per column block, back to 0 after a call
         if tile.unpack == "fragment":
+            last_sums = last_sums and tile.split_k > 1
+            if last_sums:
+                self.counts = w4a16_fragment.zero_counts(device, grid[0])
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
                                dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
-                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated),
+                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated,
+                                    LAST_PROGRAM_SUMS=last_sums),
                                dict(num_warps=tile.num_warps))
         else:
             self.gemm = Launch(w4a16_kernel, grid,
@@ -149,7 +157,7 @@ class W4A16Plan:
                                     PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated, PDL=pdl),
                                dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
-        if tile.split_k > 1:
+        if tile.split_k > 1 and self.counts is None:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK, GATED=gated, PDL=pdl),
                                dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {})))
@@ -165,7 +173,7 @@ class W4A16Plan:
 
     def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
+        part = y if self.tile.split_k == 1 else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
                                                       device=x.device, dtype=torch.float32)
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
@@ -179,7 +187,8 @@ class W4A16Plan:
             aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
         ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
         self.calls += 1
-        self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
+        counts = () if self.tile.unpack != "fragment" else (qweight if self.counts is None else self.counts,)
+        self.gemm((*ptrs, self.M, self.K, self.N, self.K, *counts), aligned)
         if self.sum is not None:
             self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
         return y
@@ -227,7 +236,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile, gated, SUM_PDL)             # SUM_PDL: a switch a benchmark flips
+           group_size, zero_format, tile, gated, SUM_PDL, LAST_PROGRAM_SUMS)    # switches a benchmark flips
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
@@ -257,7 +266,8 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
                     f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
+                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2), x2.device,
+                         LAST_PROGRAM_SUMS)
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan

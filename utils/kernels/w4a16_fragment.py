@@ -29,14 +29,29 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier     # renamed after Triton 3.6
 except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): the Triton kernel serves
     gluon = None
 
+import torch
+
+from .common import require
 from .w4a16_kernels import UNPACK_PTX
 
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
+
+
+def zero_counts(device, n: int) -> torch.Tensor:
+    """The column blocks' arrival counts of one plan, zeros (each call leaves them so). Made before any CUDA
+    graph captures the plan: a graph's replays then share them, one call after another, as a stream does;
+    two streams must not run the same plan at once."""
+    require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
+            "w4a16_matmul: call it once before capturing a CUDA graph (its split-K counts are made on the first "
+            "call of a shape and must outlive the graph)")
+    return torch.zeros(n, device=device, dtype=torch.int32)
+
 
 if gluon is not None:
     @gluon.constexpr_function
@@ -116,13 +131,16 @@ if gluon is not None:
 
     @gluon.jit
     def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
-                              b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
+                              b2_ptr, M, K, N, stride_xm, count_ptr, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr):
+                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
+                              LAST_PROGRAM_SUMS: gl.constexpr):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
-        flight ahead of the one computed (1 or 2)."""
+        flight ahead of the one computed (1 or 2). LAST_PROGRAM_SUMS: the split-K partials are summed by the column
+        block's last program (count_ptr: one int32 per column block, zero between calls), not by the sum
+        kernel."""
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = BLOCK_N
         BK: gl.constexpr = 128
@@ -191,19 +209,41 @@ if gluon is not None:
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
         if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += gl.load(b_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-                if GATED:
-                    acc2 += gl.load(b2_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-            if GATED:
-                out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
-            else:
-                out = acc.to(y_ptr.dtype.element_ty)
-            gl.store(y_ptr + rmo[None, :] * N + rno[:, None], out, mask=omask)
+            _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS, GATED)
         else:
             pid_k = gl.program_id(1)
             gl.store(part_ptr + (pid_k * M + rmo[None, :]) * N + rno[:, None], acc, mask=omask)
             if GATED:
                 gl.store(part_ptr + ((SPLIT_K + pid_k) * M + rmo[None, :]) * N + rno[:, None], acc2, mask=omask)
+            if LAST_PROGRAM_SUMS:
+                # every thread's partial written before the column block's count (the release), read after it
+                # (the acquire) from L2: the last program to arrive sums them in order 0, 1, ..., as the sum
+                # kernel does, so either way gives the same bits. It then sets the count back to 0.
+                cta_barrier()
+                seen = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+                if seen == SPLIT_K - 1:
+                    acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
+                    acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
+                    for k in range(SPLIT_K):
+                        acc += gl.load(part_ptr + (k * M + rmo[None, :]) * N + rno[:, None], mask=omask, other=0.0,
+                                       cache_modifier=".cg")
+                        if GATED:
+                            acc2 += gl.load(part_ptr + ((SPLIT_K + k) * M + rmo[None, :]) * N + rno[:, None],
+                                            mask=omask, other=0.0, cache_modifier=".cg")
+                    _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS, GATED)
+                    gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS: gl.constexpr, GATED: gl.constexpr):
+        """y from the whole sums: + bias, silu(gate) * up when GATED, in y's dtype."""
+        if HAS_BIAS:
+            acc += gl.load(b_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
+            if GATED:
+                acc2 += gl.load(b2_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
+        if GATED:
+            out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
+        else:
+            out = acc.to(y_ptr.dtype.element_ty)
+        gl.store(y_ptr + rmo[None, :] * N + rno[:, None], out, mask=omask)
 else:
     w4a16_fragment_kernel = None
