@@ -133,7 +133,7 @@ if [ "${1:-all}" = model ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = table ]; then
-  TRITON_INTERPRET=0 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
+  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
   say "the trained fixture: quantlab against gptq_torch"
   timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
   cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
