@@ -142,7 +142,7 @@ class W4A16Plan:
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.counts = None                 # the Gluon kernel's arrivals per column block, back to 0 after a call
         if tile.unpack == "fragment":
-            last_sums = last_sums and tile.split_k > 1
+            last_sums = last_sums and 1 < tile.split_k <= w4a16_fragment.LAST_SUMS_MAX_SPLIT
             if last_sums:
                 self.counts = w4a16_fragment.zero_counts(device, grid[0])
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,

@@ -41,6 +41,7 @@ from .w4a16_kernels import UNPACK_PTX
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
+LAST_SUMS_MAX_SPLIT = 64                               # the last program's sum is unrolled: beyond, the sum kernel
 
 
 def zero_counts(device, n: int) -> torch.Tensor:
@@ -224,7 +225,7 @@ if gluon is not None:
                 if seen == SPLIT_K - 1:
                     acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
                     acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
-                    for k in range(SPLIT_K):
+                    for k in gl.static_range(SPLIT_K):          # unrolled: the loads go out together
                         acc += gl.load(part_ptr + (k * M + rmo[None, :]) * N + rno[:, None], mask=omask, other=0.0,
                                        cache_modifier=".cg")
                         if GATED:
