@@ -37,7 +37,9 @@ ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus
 # docs/device-runs/20261127-w4a16-gated-h100, run3).
 SUM_PDL = False
 # The Gluon kernel's split-K partials summed by each column block's last program (w4a16_fragment.py) instead
-# of a second kernel: the same bits, one launch less per call. A switch a benchmark flips, as SUM_PDL.
+# of a second kernel, at one row: the same bits and one launch less, which an eager call pays on the host
+# (25 against 35-59 us, kept run 20261127-w4a16-last-program-h100); at 16 rows the one program's read of all
+# partials (split x 8 KB) is slower than the sum kernel spread over the GPU. A switch a benchmark flips.
 LAST_PROGRAM_SUMS = True
 
 
@@ -142,7 +144,7 @@ class W4A16Plan:
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.counts = None                 # the Gluon kernel's arrivals per column block, back to 0 after a call
         if tile.unpack == "fragment":
-            last_sums = last_sums and 1 < tile.split_k <= w4a16_fragment.LAST_SUMS_MAX_SPLIT
+            last_sums = last_sums and M == 1 and 1 < tile.split_k <= w4a16_fragment.LAST_SUMS_MAX_SPLIT
             if last_sums:
                 self.counts = w4a16_fragment.zero_counts(device, grid[0])
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
