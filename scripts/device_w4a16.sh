@@ -96,7 +96,7 @@ if [ "${1:-all}" = gated ]; then
         cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
       kbench)
         say "the kernel table at M = 1 and 16, eager calls"
-        timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 |
+        timeout "${KBENCH_TIMEOUT:-120}" python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 |
           grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -12
         cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null ;;
     esac

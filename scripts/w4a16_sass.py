@@ -30,9 +30,10 @@ OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
 def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90, gated: bool = False,
-                 pdl: bool = False) -> str:
+                 pdl: bool = False, one_row: bool = False) -> str:
     """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>;
-    gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch."""
+    gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch; one_row:
+    the Gluon kernel as a one-row call runs it (M = 1 is compiled apart)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -47,14 +48,19 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
     if unpack == "fragment":                 # the Gluon kernel (sm_80+; 64 or 128 columns, 4 warps)
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        from utils.kernels.w4a16_fragment import w4a16_fragment_kernel
-        if w4a16_fragment_kernel is None:
+        from utils.kernels import w4a16_fragment
+        if w4a16_fragment.w4a16_fragment_kernel is None:
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
+        # as w4a16.W4A16Plan makes it: for one row the split-K sum in the last program, x loaded per warp; for
+        # a batch the sum kernel, x once per program into shared memory (at depth 1)
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2), GATED=gated, LAST_PROGRAM_SUMS=True)
+                      DEPTH=min(stages, 2), GATED=gated, LAST_PROGRAM_SUMS=one_row,
+                      X_SHARED=w4a16_fragment.X_SHARED and not one_row and min(stages, 2) == 1)
+        if one_row:
+            consts["M"] = 1
         sig.update({"count_ptr": "*i32", **{k: "constexpr" for k in consts}})
         aligned[(16,)] = [["tt.divisibility", 16]]
-        k = triton.compile(GluonASTSource(w4a16_fragment_kernel, sig, consts, aligned),
+        k = triton.compile(GluonASTSource(w4a16_fragment.w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     else:
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
@@ -91,6 +97,7 @@ def main(argv=None) -> int:
                     help="compute capability x 10: 90 H100/H200, 89 RTX 4090, 86 RTX 3090, 80 A100")
     ap.add_argument("--gated", action="store_true", help="gate and up in one program (w4a16_gated_silu)")
     ap.add_argument("--pdl", action="store_true", help="with the sum kernel's programmatic dependent launch")
+    ap.add_argument("--one-row", action="store_true", help="the Gluon kernel as a one-row call runs it")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
@@ -102,7 +109,8 @@ def main(argv=None) -> int:
     rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
             "|" + "---|" * (3 + len(KINDS))]
     for unpack in args.unpack:
-        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl)
+        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl,
+                            args.one_row)
         ops = loop_body(sass)
         n = collections.Counter(ops)
         rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")

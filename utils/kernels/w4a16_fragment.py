@@ -41,6 +41,11 @@ from .w4a16_kernels import UNPACK_PTX
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
+# From 2 rows (depth 1), x is read once per program and step into shared memory for all four warps, not by
+# each warp: M = 16, 24.5 against 25.8 us at gate/up, 25.3 against 26.1 at down (kept run
+# 20261127-w4a16-last-program-h100); at one row, which Triton compiles apart (15 rows' loads dropped), each
+# warp's own loads were level or faster. The same bits either way. A switch a benchmark flips.
+X_SHARED = True
 LAST_SUMS_MAX_SPLIT = 64                               # the last program's sum is unrolled: beyond, the sum kernel
 
 
@@ -72,6 +77,15 @@ if gluon is not None:
         reg += [[8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
         lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
         warp = [[0, 0, 0, 0] for _ in range(num_warps.bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
+
+    @gluon.constexpr_function
+    def x_global_layout(block_m, nb, num_warps):
+        """[block_m, nb, 4, 8] of x read once per program: each thread 16 bytes (a word's eight rows e) per
+        row m, m + 8; lanes t and m mod 8, warps the block b. Stored so, block-major, for every warp to read."""
+        reg = [[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]] + [[8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
+        lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+        warp = [[0, 1 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
 
     @gluon.constexpr_function
@@ -135,13 +149,14 @@ if gluon is not None:
                               b2_ptr, M, K, N, stride_xm, count_ptr, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                               SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
-                              LAST_PROGRAM_SUMS: gl.constexpr):
+                              LAST_PROGRAM_SUMS: gl.constexpr, X_SHARED: gl.constexpr = False):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
         flight ahead of the one computed (1 or 2). LAST_PROGRAM_SUMS: the split-K partials are summed by the column
         block's last program (count_ptr: one int32 per column block, zero between calls), not by the sum
         kernel."""
+        gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = BLOCK_N
         BK: gl.constexpr = 128
@@ -176,7 +191,24 @@ if gluon is not None:
         xmask = (xm < M)[:, None, None, None]
         k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
         q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
-        xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
+        if X_SHARED:
+            # x read once per program and step into shared memory (two buffers, block-major), then by every warp
+            LG: gl.constexpr = x_global_layout(BLOCK_M, NB, NW)
+            gm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LG))))
+            gb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LG))))
+            gt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LG))))
+            ge = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LG))))
+            grow = (x_ptr + gm[:, None, None, None] * stride_xm + gb[None, :, None, None] * 32
+                    + gt[None, None, :, None] * 8 + ge[None, None, None, :])
+            gmask = (gm < M)[:, None, None, None]
+            xs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, NB, 4, 8],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 0, 1]))
+            xs.index(0).store(gl.load(grow + k0 * BK, mask=gmask, other=0.0))
+            xg = gl.load(grow + gl.minimum(first + 1, last - 1) * BK, mask=gmask, other=0.0)
+            cta_barrier()
+            xv = xs.index(0).load(LX)
+        else:
+            xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
         if GATED:
             q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if DEPTH == 2:
@@ -190,7 +222,8 @@ if gluon is not None:
         for kb in range(first, last):
             kn = gl.minimum(kb + DEPTH, last - 1)               # the last steps reload the last one
             qn, zwn, sn = _loads(words, qz_ptr, s_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
-            xn = gl.load(xrow + kn * BK, mask=xmask, other=0.0)
+            if not X_SHARED:
+                xn = gl.load(xrow + kn * BK, mask=xmask, other=0.0)
             xf = _x_fragment(xv, B)
             acc = mma_v2(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
             if GATED:
@@ -201,7 +234,14 @@ if gluon is not None:
                     qa2, zwa2, sa2 = qn2, zwn2, sn2
                 else:
                     q2, zw2, s2 = qn2, zwn2, sn2
-            if DEPTH == 2:
+            if X_SHARED:                                        # step kb + 1's x to the other buffer
+                buf = xs.index((kb - first + 1) % 2)
+                buf.store(xg)
+                xg = gl.load(grow + gl.minimum(kb + 2, last - 1) * BK, mask=gmask, other=0.0)
+                cta_barrier()
+                xv = buf.load(LX)
+                q, zw, s = qn, zwn, sn
+            elif DEPTH == 2:
                 q, zw, s, xv = qa, zwa, sa, xa
                 qa, zwa, sa, xa = qn, zwn, sn, xn
             else:
