@@ -151,7 +151,7 @@ class W4A16Plan:
                                dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
                                     BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated,
                                     LAST_PROGRAM_SUMS=last_sums,
-                                    X_SHARED=w4a16_fragment.X_SHARED and M > 1 and tile.num_stages == 1),
+                                    X_SHARED=M >= w4a16_fragment.SHARED_X_FROM and tile.num_stages == 1),
                                dict(num_warps=tile.num_warps))
         else:
             self.gemm = Launch(w4a16_kernel, grid,
@@ -240,7 +240,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
            group_size, zero_format, tile, gated, SUM_PDL, LAST_PROGRAM_SUMS,      # switches a benchmark flips
-           w4a16_fragment.X_SHARED)
+           w4a16_fragment.SHARED_X_FROM)
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)

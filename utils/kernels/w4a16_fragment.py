@@ -41,11 +41,11 @@ from .w4a16_kernels import UNPACK_PTX
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
-# From 2 rows (depth 1), x is read once per program and step into shared memory for all four warps, not by
-# each warp: M = 16, 24.5 against 25.8 us at gate/up, 25.3 against 26.1 at down (kept run
-# 20261127-w4a16-last-program-h100); at one row, which Triton compiles apart (15 rows' loads dropped), each
-# warp's own loads were level or faster. The same bits either way. A switch a benchmark flips.
-X_SHARED = True
+# From 8 rows (depth 1), x is read once per program and step into shared memory for all four warps, not by
+# each warp (kept run 20261127-w4a16-last-program-h100, run5): at 16 rows faster at gate/up, down and q/o; at
+# 2 and 4 rows each warp's own loads were, and one row is compiled apart (15 rows' loads dropped). The same
+# bits either way. A setting a benchmark flips.
+SHARED_X_FROM = 8
 LAST_SUMS_MAX_SPLIT = 64                               # the last program's sum is unrolled: beyond, the sum kernel
 
 
