@@ -81,17 +81,13 @@ def main(argv=None) -> int:
         ref = torch.nn.functional.silu(xd @ Wg.double()) * (xd @ Wu.double())
         ops = (x, gq, gz, gs, uq, uz, us)
         row = {"M": M, "bf16_us": cold_us(bf16, (x.to(torch.bfloat16), wg, wu))}
-        # split-K partials summed by a second kernel, plainly or with PDL (where the GPU has it), or by each column
-        # block's last program (the Gluon kernel's default)
-        outs = {}
-        for tag, pdl, last in (("plain", False, False), ("pdl", True, False), ("last", False, True)):
-            w4a16.SUM_PDL, w4a16.LAST_PROGRAM_SUMS = pdl, last
+        for on in (False, True):
+            w4a16.SUM_PDL = on                   # the sum kernel with PDL (where the GPU has it) or plainly
+            tag = "pdl" if on else "plain"
             y = fused(*ops)
             row[f"fused_{tag}_us"] = cold_us(fused, ops)
             row[f"unfused_{tag}_us"] = cold_us(unfused, ops)
             row[f"fused_{tag}_same_bits"] = all(torch.equal(fused(*ops), y) for _ in range(3))
-            outs[tag] = y
-        row["last_is_sum_kernel_bits"] = torch.equal(outs["last"], outs["plain"])
         row["fused_rel"] = metrics.relative_l2(y.cpu(), ref)
         row["unfused_rel"] = metrics.relative_l2(unfused(*ops).cpu(), ref)
         row["fused_vs_unfused_max_abs"] = (y.float() - unfused(*ops).float()).abs().max().item()
@@ -127,15 +123,12 @@ def markdown(meta, rows, sweep) -> str:
     out = [f"# Gate and up, fused against two launches, {meta['device']} ({meta['date']})", "",
            f"torch {meta['torch']}, Triton {meta['triton']}. `{meta['command']}`. Qwen2.5-7B's gate/up ({K} -> {N}, "
            "x2), cold weights under CUDA-graph replay, us per MLP half (both projections and silu * up).", "",
-           "| M | two launches + torch silu | the same, PDL | the same, last program sums | fused | fused, PDL "
-           "| fused, last program sums | bf16 | fused rel | unfused rel | fused vs unfused, max abs | same bits x3 "
-           "| last program = sum kernel, bits |", "|" + "---|" * 13]
+           "| M | two launches + torch silu | the same, PDL | fused | fused, PDL | bf16 | fused rel | unfused rel "
+           "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 10]
     for r in rows:
-        out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['unfused_last_us']:.1f} "
-                   f"| {r['fused_plain_us']:.1f} | {r['fused_pdl_us']:.1f} | {r['fused_last_us']:.1f} | {r['bf16_us']:.1f} "
-                   f"| {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} | {r['fused_vs_unfused_max_abs']:.1e} "
-                   f"| {all(r[f'fused_{t}_same_bits'] for t in ('plain', 'pdl', 'last'))} "
-                   f"| {r['last_is_sum_kernel_bits']} |")
+        out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['fused_plain_us']:.1f} "
+                   f"| {r['fused_pdl_us']:.1f} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} "
+                   f"| {r['fused_vs_unfused_max_abs']:.1e} | {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
     if sweep:
         out += ["", "| M | unpack | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|---|"]
         out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "

@@ -138,15 +138,6 @@ def main(argv=None) -> int:
             row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
             tile = w4a16_default_tile(M, K, N, 128, sms, w4a16_default_unpack(s.dtype, False, x, 128))
             row["tile"] = vars(tile)
-            if tile.unpack == "fragment" and tile.split_k > 1:     # its partials summed by the sum kernel instead
-                w4a16.LAST_PROGRAM_SUMS = False
-                row["sum_kernel_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
-                row["sum_kernel_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
-                                               (x, qw, qz, s))
-                if M == 1:
-                    row["eager_sum_kernel_us"] = timing.time_eager(
-                        lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
-                w4a16.LAST_PROGRAM_SUMS = True
             if tile.unpack == "fragment" and M > 1:     # x read the other way (per warp or shared)
                 default, w4a16_fragment.SHARED_X_FROM = w4a16_fragment.SHARED_X_FROM, (2 if M < 8 else 17)
                 row["x_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
@@ -238,27 +229,25 @@ def markdown(meta, rows, sweep) -> str:
            "CUDA-graph replay; rel = relative L2 against float64 x @ W (W the reference dequant); the bound is "
            "the course's derived one for fp16.", "",
            "| shape | K -> N | M | ours (unpack) us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
-           "| ours / Marlin | ours, partials summed by a 2nd kernel us (same bits) | ours, x the other way (from 8 "
-           "rows into shared memory, below by every warp) us (same bits) | Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 16]
+           "| ours / Marlin | ours, x the other way (from 8 rows into shared memory, below by every warp) us (same "
+           "bits) | Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 15]
     for r in rows:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
         triton_col = f"{f(r['triton_us'])} ({r['triton_rel']:.1e})" if r.get("triton_us") else "-"
-        sumk = f"{f(r['sum_kernel_us'])} ({r['sum_kernel_same_bits']})" if r.get("sum_kernel_us") else "-"
         warpx = f"{f(r['x_other_way_us'])} ({r['x_other_way_same_bits']})" if r.get("x_other_way_us") else "-"
         out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} ({r['tile']['unpack']}) "
                    f"| {f(r['ours_gbps'], 0)} | {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} "
-                   f"| {sumk} | {warpx} "
+                   f"| {warpx} "
                    f"| {triton_col} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
-            "| shape | w4a16_matmul us | the same, partials summed by a 2nd kernel | the same, sum kernel with PDL "
-            "| torch.ops.quantlab.w4a16_matmul us | Marlin layer us |", "|---|---|---|---|---|---|"]
+            "| shape | w4a16_matmul us | the same, sum kernel with PDL | torch.ops.quantlab.w4a16_matmul us "
+            "| Marlin layer us |", "|---|---|---|---|---|"]
     for r in rows:
         if r["M"] == 1:
-            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_sum_kernel_us'))} "
-                       f"| {f(r.get('eager_pdl_us'))} | {f(r['eager_op_us'])} "
+            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_pdl_us'))} | {f(r['eager_op_us'])} "
                        f"| {f(r.get('eager_marlin_us'))} |")
     if sweep:
         out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",

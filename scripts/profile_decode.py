@@ -17,9 +17,8 @@ compiled decode does. --lm-eval-stops also times the wall ms per step with lm-ev
 for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-step host cost: the criteria
 decode the last tokens of every row on the host, every step). Needs the models' tokenizers. --int4-unfused:
 the Int4 model once more with each gated MLP's gate and up as two launches and torch's silu (what the fused
-launch, QuantlabGatedMLP, replaced), to measure what the fusion saves per step. --int4-sum-kernel: once more
-with the split-K partials summed by a second kernel, not by each column block's last program
-(utils.kernels.w4a16.LAST_PROGRAM_SUMS off: what that saves per step).
+launch, QuantlabGatedMLP, replaced), to measure what the fusion saves per step. --int4-pdl: once more with
+the split-K sum kernel launched as a programmatic dependent (utils.kernels.w4a16.SUM_PDL).
 Writes profile_decode.md and profile_decode.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -141,11 +140,11 @@ def unfuse(model) -> int:
 
 
 def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool,
-                  two_launch_mlp: bool = False, sum_kernel: bool = False) -> list[dict]:
+                  two_launch_mlp: bool = False, pdl: bool = False) -> list[dict]:
     """One profile of the model at `path` per attention in `attentions` (two_launch_mlp: unfuse it first;
-    sum_kernel: its W4A16 split-K partials summed by a second kernel)."""
+    pdl: its W4A16 sum kernels launched with PDL)."""
     from utils.kernels import w4a16
-    w4a16.LAST_PROGRAM_SUMS = not sum_kernel
+    w4a16.SUM_PDL = pdl
     from transformers import AutoTokenizer, StaticCache
 
     from utils.decode import _allow_compile
@@ -178,7 +177,7 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
                "ms_per_step": ms, "kernel_ms_per_step": busy, "idle_ms_per_step": ms - busy,
                "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
                "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
-               "layers": layers + (["partials summed by a second kernel"] if sum_kernel else [])}
+               "layers": layers + (["sum kernel with PDL"] if pdl else [])}
         if tok is not None:
             with_stops = wall_ms(model, ids, cache, short, long, lambda x: lm_eval_stops(tok, x))
             res.update(ms_per_step_lm_eval_stops=with_stops, lm_eval_stops_ms_per_step=with_stops - ms)
@@ -207,8 +206,8 @@ def main(argv=None) -> int:
                     help="also time each step with lm-eval's gsm8k stopping criteria passed to generate")
     ap.add_argument("--int4-unfused", action="store_true",
                     help="also profile the Int4 model with each gated MLP's gate and up as two launches")
-    ap.add_argument("--int4-sum-kernel", action="store_true",
-                    help="also profile the Int4 model with its split-K partials summed by a second kernel")
+    ap.add_argument("--int4-pdl", action="store_true",
+                    help="also profile the Int4 model with its split-K sum kernels launched with PDL")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(set(args.attention)) != len(args.attention):
@@ -224,10 +223,10 @@ def main(argv=None) -> int:
     runs = []
     models = [(args.golden, None, False, False), (args.int4, args.gptq_backend, False, False)]
     models += [(args.int4, args.gptq_backend, True, False)] if args.int4_unfused else []
-    models += [(args.int4, args.gptq_backend, False, True)] if args.int4_sum_kernel else []
-    for path, backend, two, sum_kernel in models:
+    models += [(args.int4, args.gptq_backend, False, True)] if args.int4_pdl else []
+    for path, backend, two, pdl in models:
         runs += profile_model(path, backend or "auto", args.attention, args.batch, args.prompt, args.cache,
-                              args.short, args.long, args.lm_eval_stops, two, sum_kernel)
+                              args.short, args.long, args.lm_eval_stops, two, pdl)
         for r in runs[-len(args.attention):]:
             print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": args.batch,

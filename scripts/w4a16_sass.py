@@ -51,15 +51,13 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         from utils.kernels import w4a16_fragment
         if w4a16_fragment.w4a16_fragment_kernel is None:
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
-        # as w4a16.W4A16Plan makes it: for one row the split-K sum in the last program, x loaded per warp; for
-        # 16 rows the sum kernel, x once per program into shared memory (at depth 1)
+        # as w4a16.W4A16Plan makes it: one row (M = 1, compiled apart) with x loaded by each warp; 16 rows with x
+        # read once per program into shared memory (at depth 1)
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2), GATED=gated, LAST_PROGRAM_SUMS=one_row,
-                      X_SHARED=not one_row and min(stages, 2) == 1)
+                      DEPTH=min(stages, 2), GATED=gated, X_SHARED=not one_row and min(stages, 2) == 1)
         if one_row:
             consts["M"] = 1
-        sig.update({"count_ptr": "*i32", **{k: "constexpr" for k in consts}})
-        aligned[(16,)] = [["tt.divisibility", 16]]
+        sig.update({k: "constexpr" for k in consts})
         k = triton.compile(GluonASTSource(w4a16_fragment.w4a16_fragment_kernel, sig, consts, aligned),
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     else:

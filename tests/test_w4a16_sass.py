@@ -31,8 +31,8 @@ def test_ptx_unpacking_assembles_and_takes_fewer_instructions_than_joins(arch, t
 def test_the_fragment_kernel_moves_no_weight_through_shared_memory(arch, tmp_path):
     # the unpacked words are already the mma's A operand (the kernel asserts the layout conversion is trivial):
     # the weight never goes through shared memory, where the Triton kernel's loop stores and ldmatrix-loads
-    # it. Shared memory carries only x, read once per program and step (16 rows x 128: two 16-byte stores a
-    # thread) for all four warps (each its B fragments, eight 16-byte loads), and the split-K count
+    # it. At 16 rows shared memory carries only x, read once per program and step (16 rows x 128: two 16-byte
+    # stores a thread) for all four warps (each its B fragments, eight 16-byte loads)
     from utils.kernels import w4a16_fragment
     if w4a16_fragment.w4a16_fragment_kernel is None:
         pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
@@ -49,13 +49,10 @@ def test_the_fragment_kernel_moves_no_weight_through_shared_memory(arch, tmp_pat
         assert "LDSM" not in w4a16_sass.OP.findall(sass)
         assert "LDG.E.128" in sass                                         # x: 16 bytes a load
         assert {"STS", "LDSM"} <= set(w4a16_sass.loop_body((out / "sass_ptx.txt").read_text()))
-        # one row: each warp loads x itself, and the split-K partials are summed by the last program to count
-        # itself in, its partial released (a fence after a barrier) before the count; shared memory only hands
-        # the count from the thread that took it to the others
+        # one row (compiled apart): each warp loads its own x, and no shared memory at all
         one = tmp_path / f"{gated}-one-row"
         subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "fragment",
                         "--stages", "1", "--one-row", "--out", str(one)] + (["--gated"] if gated else []),
                        check=True, env=env, capture_output=True, timeout=240)
         kernel = w4a16_sass.OP.findall((one / "sass_fragment.txt").read_text())
-        assert (kernel.count("STS"), kernel.count("LDS"), kernel.count("LDSM")) == (1, 1, 0), (arch, gated)
-        assert kernel.index("BAR") < kernel.index("MEMBAR") < kernel.index("ATOMG"), (arch, gated)
+        assert not {"STS", "LDS", "LDSM", "BAR"} & set(kernel), (arch, gated)

@@ -4,7 +4,7 @@ Why its own kernel: a decode step at batch M multiplies M = 1..16 rows by every 
 by reading the weights, and Int4 weights are about a quarter of BF16's bytes. GPTQModel's Triton kernel
 unpacks the whole weight on every call; this one dequantizes each tile in registers and multiplies it
 on the tensor cores (w4a16_kernels.py; on Hopper w4a16_fragment.py, which loads the packed words
-straight into the tensor cores' operand layout, no shared memory). Beyond 16 rows (a prompt) the weight
+straight into the tensor cores' operand layout). Beyond 16 rows (a prompt) the weight
 is dequantized once into a scratch tensor and multiplied by cuBLAS: there the multiply, not the read,
 sets the time.
 
@@ -36,11 +36,6 @@ ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus
 # the compiled 7B decode step was 0.11 ms slower with it (its early-resident programs wait beside the GEMM's;
 # docs/device-runs/20261127-w4a16-gated-h100, run3).
 SUM_PDL = False
-# The Gluon kernel's split-K partials summed by each column block's last program (w4a16_fragment.py) instead
-# of a second kernel, at one row: the same bits and one launch less, which an eager call pays on the host
-# (25 against 35-59 us, kept run 20261127-w4a16-last-program-h100); at 16 rows the one program's read of all
-# partials (split x 8 KB) is slower than the sum kernel spread over the GPU. A switch a benchmark flips.
-LAST_PROGRAM_SUMS = True
 
 
 @dataclass(frozen=True)
@@ -136,21 +131,16 @@ class W4A16Plan:
     pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap."""
 
     def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
-                 gated: bool = False, pdl: bool = False, device=None, last_sums: bool = False):
+                 gated: bool = False, pdl: bool = False):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
-        self.counts = None                 # the Gluon kernel's arrivals per column block, back to 0 after a call
         if tile.unpack == "fragment":
-            last_sums = last_sums and M == 1 and 1 < tile.split_k <= w4a16_fragment.LAST_SUMS_MAX_SPLIT
-            if last_sums:
-                self.counts = w4a16_fragment.zero_counts(device, grid[0])
             self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
                                dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
                                     BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated,
-                                    LAST_PROGRAM_SUMS=last_sums,
                                     X_SHARED=M >= w4a16_fragment.SHARED_X_FROM and tile.num_stages == 1),
                                dict(num_warps=tile.num_warps))
         else:
@@ -160,7 +150,7 @@ class W4A16Plan:
                                     PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated, PDL=pdl),
                                dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
-        if tile.split_k > 1 and self.counts is None:
+        if tile.split_k > 1:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK, GATED=gated, PDL=pdl),
                                dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {})))
@@ -176,7 +166,7 @@ class W4A16Plan:
 
     def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.tile.split_k == 1 else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
+        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
                                                       device=x.device, dtype=torch.float32)
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
@@ -190,8 +180,7 @@ class W4A16Plan:
             aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
         ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
         self.calls += 1
-        counts = () if self.tile.unpack != "fragment" else (qweight if self.counts is None else self.counts,)
-        self.gemm((*ptrs, self.M, self.K, self.N, self.K, *counts), aligned)
+        self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
         if self.sum is not None:
             self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
         return y
@@ -239,8 +228,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile, gated, SUM_PDL, LAST_PROGRAM_SUMS,      # switches a benchmark flips
-           w4a16_fragment.SHARED_X_FROM)
+           group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM)   # settings benchmarks flip
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
@@ -270,8 +258,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
                     f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2), x2.device,
-                         LAST_PROGRAM_SUMS)
+                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan

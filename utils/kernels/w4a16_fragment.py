@@ -13,14 +13,16 @@ Then the eight codes of one packed word (physical rows 32b + 8t .. + 7) are exac
 that lane t needs in block b, and x's B fragment (the same K columns of row m) is one 16-byte load of
 x[m, 32b + 8t ..]. Each thread loads its words, unpacks them in PTX (two codes per 32-bit instruction,
 the reference's single rounding: s * (q - z)), and the result already *is* the operand: both layout
-conversions compile to nothing (asserted in the kernel), and the kernel uses no shared memory at all.
+conversions compile to nothing (asserted in the kernel), and the weight never goes through shared memory.
 
 The layouts are spelled out (Gluon's DistributedLinearLayout): lanes 0-1 pick the word within a 32-row
 block (t), lanes 2-4 the row n mod 8 (for x: the row m mod 8), a register n + 8 (m + 8) and, at 128
 columns, n + 64, the warps n + 16 and n + 32 (x: the same for every warp), registers the blocks b and a
 word's eight rows. The product is mma.sync (m16n8k16) with both operands in registers: Hopper's wgmma
-wants x in shared memory, and staging it there lost (the kept run). The next DEPTH steps' loads are in flight while one step computes. Split-K partials go to the same
-sum kernel as the Triton kernel's. Only fp16 scales, one group per 32 rows (group 32, 64, 128, ...), K a
+wants x in shared memory, and staging it there lost (the kept run). The next DEPTH steps' loads are in
+flight while one step computes. From 8 rows every warp would load the same x, so it is read once per
+program and step into shared memory, and each warp takes its fragments from there (X_SHARED, SHARED_X_FROM).
+Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one group per 32 rows (group 32, 64, 128, ...), K a
 multiple of 128, no act-order: w4a16.py falls back to the Triton kernel otherwise.
 """
 from __future__ import annotations
@@ -33,9 +35,6 @@ try:
 except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): the Triton kernel serves
     gluon = None
 
-import torch
-
-from .common import require
 from .w4a16_kernels import UNPACK_PTX
 
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
@@ -46,17 +45,6 @@ PROGRAMS_PER_SM = 4                                    # the split-K's aim (more
 # 2 and 4 rows each warp's own loads were, and one row is compiled apart (15 rows' loads dropped). The same
 # bits either way. A setting a benchmark flips.
 SHARED_X_FROM = 8
-LAST_SUMS_MAX_SPLIT = 64                               # the last program's sum is unrolled: beyond, the sum kernel
-
-
-def zero_counts(device, n: int) -> torch.Tensor:
-    """The column blocks' arrival counts of one plan, zeros (each call leaves them so). Made before any CUDA
-    graph captures the plan: a graph's replays then share them, one call after another, as a stream does;
-    two streams must not run the same plan at once."""
-    require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
-            "w4a16_matmul: call it once before capturing a CUDA graph (its split-K counts are made on the first "
-            "call of a shape and must outlive the graph)")
-    return torch.zeros(n, device=device, dtype=torch.int32)
 
 
 if gluon is not None:
@@ -146,16 +134,15 @@ if gluon is not None:
 
     @gluon.jit
     def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
-                              b2_ptr, M, K, N, stride_xm, count_ptr, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
+                              b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                               SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
-                              LAST_PROGRAM_SUMS: gl.constexpr, X_SHARED: gl.constexpr = False):
+                              X_SHARED: gl.constexpr = False):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
-        flight ahead of the one computed (1 or 2). LAST_PROGRAM_SUMS: the split-K partials are summed by the column
-        block's last program (count_ptr: one int32 per column block, zero between calls), not by the sum
-        kernel."""
+        flight ahead of the one computed (1 or 2). X_SHARED: x read once per program and step into shared memory for all
+        warps (DEPTH 1), not by each warp."""
         gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = BLOCK_N
@@ -256,23 +243,6 @@ if gluon is not None:
             gl.store(part_ptr + (pid_k * M + rmo[None, :]) * N + rno[:, None], acc, mask=omask)
             if GATED:
                 gl.store(part_ptr + ((SPLIT_K + pid_k) * M + rmo[None, :]) * N + rno[:, None], acc2, mask=omask)
-            if LAST_PROGRAM_SUMS:
-                # every thread's partial written before the column block's count (the release), read after it
-                # (the acquire) from L2: the last program to arrive sums them in order 0, 1, ..., as the sum
-                # kernel does, so either way gives the same bits. It then sets the count back to 0.
-                cta_barrier()
-                seen = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-                if seen == SPLIT_K - 1:
-                    acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
-                    acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
-                    for k in gl.static_range(SPLIT_K):          # unrolled: the loads go out together
-                        acc += gl.load(part_ptr + (k * M + rmo[None, :]) * N + rno[:, None], mask=omask, other=0.0,
-                                       cache_modifier=".cg")
-                        if GATED:
-                            acc2 += gl.load(part_ptr + ((SPLIT_K + k) * M + rmo[None, :]) * N + rno[:, None],
-                                            mask=omask, other=0.0, cache_modifier=".cg")
-                    _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS, GATED)
-                    gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS: gl.constexpr, GATED: gl.constexpr):
