@@ -41,7 +41,7 @@ BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n p
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
 # From 8 rows (depth 1), x is read once per program and step into shared memory for all four warps, not by
-# each warp (kept run 20261127-w4a16-last-program-h100, run5): at 16 rows faster at gate/up, down and q/o; at
+# each warp (kept run 20261127-w4a16-rows16-h100, run6): at 16 rows faster at gate/up, down and q/o; at
 # 2 and 4 rows each warp's own loads were, and one row is compiled apart (15 rows' loads dropped). The same
 # bits either way. A setting a benchmark flips.
 SHARED_X_FROM = 8
