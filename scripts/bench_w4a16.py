@@ -139,7 +139,8 @@ def main(argv=None) -> int:
             tile = w4a16_default_tile(M, K, N, 128, sms, w4a16_default_unpack(s.dtype, False, x, 128))
             row["tile"] = vars(tile)
             if tile.unpack == "fragment" and M > 1:     # x read the other way (per warp or shared)
-                default, w4a16_fragment.SHARED_X_FROM = w4a16_fragment.SHARED_X_FROM, (2 if M < 8 else 17)
+                default = w4a16_fragment.SHARED_X_FROM
+                w4a16_fragment.SHARED_X_FROM = 2 if M < default else 17
                 row["x_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
                 row["x_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
                                                (x, qw, qz, s))
@@ -235,11 +236,11 @@ def markdown(meta, rows, sweep) -> str:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
         triton_col = f"{f(r['triton_us'])} ({r['triton_rel']:.1e})" if r.get("triton_us") else "-"
-        warpx = f"{f(r['x_other_way_us'])} ({r['x_other_way_same_bits']})" if r.get("x_other_way_us") else "-"
+        other_x = f"{f(r['x_other_way_us'])} ({r['x_other_way_same_bits']})" if r.get("x_other_way_us") else "-"
         out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} ({r['tile']['unpack']}) "
                    f"| {f(r['ours_gbps'], 0)} | {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} "
-                   f"| {warpx} "
+                   f"| {other_x} "
                    f"| {triton_col} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",

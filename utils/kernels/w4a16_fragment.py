@@ -21,9 +21,10 @@ columns, n + 64, the warps n + 16 and n + 32 (x: the same for every warp), regis
 word's eight rows. The product is mma.sync (m16n8k16) with both operands in registers: Hopper's wgmma
 wants x in shared memory, and staging it there lost (the kept run). The next DEPTH steps' loads are in
 flight while one step computes. From 8 rows every warp would load the same x, so it is read once per
-program and step into shared memory, and each warp takes its fragments from there (X_SHARED, SHARED_X_FROM).
-Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one group per 32 rows (group 32, 64, 128, ...), K a
-multiple of 128, no act-order: w4a16.py falls back to the Triton kernel otherwise.
+program and step into shared memory, and each warp takes its fragments from there (X_SHARED,
+SHARED_X_FROM). Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one
+group per 32 rows (group 32, 64, 128, ...), K a multiple of 128, no act-order: w4a16.py falls back to the
+Triton kernel otherwise.
 """
 from __future__ import annotations
 
@@ -141,8 +142,8 @@ if gluon is not None:
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
-        flight ahead of the one computed (1 or 2). X_SHARED: x read once per program and step into shared memory for all
-        warps (DEPTH 1), not by each warp."""
+        flight ahead of the one computed (1 or 2). X_SHARED: x read once per program and step into shared
+        memory for all warps (DEPTH 1), not by each warp."""
         gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
         NW: gl.constexpr = gl.num_warps()
         BN: gl.constexpr = BLOCK_N
@@ -237,24 +238,19 @@ if gluon is not None:
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
         if SPLIT_K == 1:
-            _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS, GATED)
+            if HAS_BIAS:
+                acc += gl.load(b_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
+                if GATED:
+                    acc2 += gl.load(b2_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
+            if GATED:
+                out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
+            else:
+                out = acc.to(y_ptr.dtype.element_ty)
+            gl.store(y_ptr + rmo[None, :] * N + rno[:, None], out, mask=omask)
         else:
             pid_k = gl.program_id(1)
             gl.store(part_ptr + (pid_k * M + rmo[None, :]) * N + rno[:, None], acc, mask=omask)
             if GATED:
                 gl.store(part_ptr + ((SPLIT_K + pid_k) * M + rmo[None, :]) * N + rno[:, None], acc2, mask=omask)
-
-    @gluon.jit
-    def _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS: gl.constexpr, GATED: gl.constexpr):
-        """y from the whole sums: + bias, silu(gate) * up when GATED, in y's dtype."""
-        if HAS_BIAS:
-            acc += gl.load(b_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-            if GATED:
-                acc2 += gl.load(b2_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-        if GATED:
-            out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
-        else:
-            out = acc.to(y_ptr.dtype.element_ty)
-        gl.store(y_ptr + rmo[None, :] * N + rno[:, None], out, mask=omask)
 else:
     w4a16_fragment_kernel = None
