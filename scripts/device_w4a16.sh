@@ -18,7 +18,8 @@
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
 # fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' skips its tile sweep), the 7B-shaped pair, then
-# Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table,
+# Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
+# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
 # the trained fixture through quantlab against gptq_torch (fixture).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
