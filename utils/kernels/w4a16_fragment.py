@@ -104,6 +104,17 @@ if gluon is not None:
         return q, zw, s
 
     @gluon.jit
+    def _x_rows(x_ptr, stride_xm, M, layout: gl.constexpr, BLOCK_M: gl.constexpr, NB: gl.constexpr):
+        """x's addresses for K step 0 in `layout`, (m, b, t, e) -> x[m, 32b + 8t + e], and the rows' mask."""
+        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
+        xb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
+        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
+        xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout))))
+        rows = (x_ptr + xm[:, None, None, None] * stride_xm + xb[None, :, None, None] * 32
+                + xt[None, None, :, None] * 8 + xe[None, None, None, :])
+        return rows, (xm < M)[:, None, None, None]
+
+    @gluon.jit
     def _fragment(q, zw, s, zshift, ZP_ADD: gl.constexpr, layout: gl.constexpr, dtype: gl.constexpr):
         """The words q [BLOCK_N, NB, 4] dequantized into the A operand [BLOCK_N, BLOCK_K] (renamed K)."""
         z = (((zw + ZP_ADD) >> zshift[:, None]) & 0xF) | 0x6400       # 1024 + z as fp16 bits
@@ -169,26 +180,11 @@ if gluon is not None:
         zshift = (rn % 8) * 4
         words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
-        # x's rows: (m, b, t, e) -> x[m, kb * 128 + 32b + 8t + e]
-        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
-        xb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LX))))
-        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LX))))
-        xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LX))))
-        xrow = (x_ptr + xm[:, None, None, None] * stride_xm + xb[None, :, None, None] * 32 + xt[None, None, :, None] * 8
-                + xe[None, None, None, :])
-        xmask = (xm < M)[:, None, None, None]
         k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
         q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if X_SHARED:
             # x read once per program and step into shared memory (two buffers, block-major), then by every warp
-            LG: gl.constexpr = x_global_layout(BLOCK_M, NB, NW)
-            gm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, LG))))
-            gb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, LG))))
-            gt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, LG))))
-            ge = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LG))))
-            grow = (x_ptr + gm[:, None, None, None] * stride_xm + gb[None, :, None, None] * 32
-                    + gt[None, None, :, None] * 8 + ge[None, None, None, :])
-            gmask = (gm < M)[:, None, None, None]
+            grow, gmask = _x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
             xs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, NB, 4, 8],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 0, 1]))
             xs.index(0).store(gl.load(grow + k0 * BK, mask=gmask, other=0.0))
@@ -196,6 +192,7 @@ if gluon is not None:
             cta_barrier()
             xv = xs.index(0).load(LX)
         else:
+            xrow, xmask = _x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
             xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
         if GATED:
             q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
