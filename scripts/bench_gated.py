@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
         if args.sweep:
             unpack = w4a16.w4a16_default_unpack(gs.dtype, False, x, 128)      # the kernel the fused call runs
-            grid = itertools.product((64, 128), (1, 2, 4, 7), (1,)) if unpack == "fragment" else \
+            grid = itertools.product((64, 128), (1, 2, 4, 7), (1, 4)) if unpack == "fragment" else \
                 itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))
             for bn, split, st in grid:
                 tile = W4A16Tile(bn, 128, split, 4, st, unpack)

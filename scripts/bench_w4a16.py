@@ -16,6 +16,7 @@ Writes bench_w4a16.md and bench_w4a16.json into --out (refuses a folder that has
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -145,6 +146,12 @@ def main(argv=None) -> int:
                 row["x_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
                                                (x, qw, qz, s))
                 w4a16_fragment.SHARED_X_FROM = default
+            if tile.unpack == "fragment":            # the weight the other way (registers or the ring)
+                ring = tile.num_stages >= w4a16_fragment.RING_FROM
+                other = dataclasses.replace(tile, num_stages=w4a16_fragment.DEPTH if ring else w4a16_fragment.RING_STAGES)
+                row["w_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=other), y)
+                row["w_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1,
+                                                                                tile=other), (x, qw, qz, s))
             if tile.unpack == "fragment":            # beside it, the Triton kernel's default (PTX unpacking)
                 ptx = w4a16_default_tile(M, K, N, 128, sms, "ptx")
                 row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
@@ -201,16 +208,13 @@ def main(argv=None) -> int:
 
 
 def sweep_tiles(base: W4A16Tile, K: int) -> list[W4A16Tile]:
-    """Tiles around the default: for the Gluon kernel 64 or 128 columns, split-K /2, x1, x2, load depth 1 or 2; for the Triton
-    kernel every unpacking, 64 to 256 columns, split-K x1 and x2, 3 or 4 stages."""
+    """Tiles around the default: for the Gluon kernel 128 columns, split-K x1 and x2, the weight loaded into
+    registers one step ahead (1 stage) or through a ring of 3 to 6 slots in shared memory; for the Triton kernel
+    every unpacking, 64 to 256 columns, split-K x1 and x2, 3 or 4 stages."""
     steps = K // 128
     if base.unpack == "fragment":
-        tiles = []
-        for bn in (64, 128):
-            split = max(1, min(steps, round(base.split_k * bn / base.block_n)))
-            splits = sorted({max(1, min(steps, round(split * f))) for f in (0.5, 1, 2)})
-            tiles += [W4A16Tile(bn, 128, sp, 4, depth, "fragment") for sp in splits for depth in (1, 2)]
-        return tiles
+        splits = sorted({max(1, min(steps, round(base.split_k * f))) for f in (1, 2)})
+        return [W4A16Tile(128, 128, sp, 4, stages, "fragment") for sp in splits for stages in (1, 3, 4, 6)]
     grid = [*itertools.product(("reshape", "join", "ptx"), (64, 128), (1, 2), (3, 4), (4,)),
             *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
     return [W4A16Tile(bn, 128, max(1, min(steps, round(base.split_k * f * 64 / bn))), warps, st, unpack)
@@ -231,16 +235,18 @@ def markdown(meta, rows, sweep) -> str:
            "the course's derived one for fp16.", "",
            "| shape | K -> N | M | ours (unpack) us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
            "| ours / Marlin | ours, x the other way (from 8 rows into shared memory, below by every warp) us (same "
-           "bits) | Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 15]
+           "bits) | ours, the weight the other way (registers or the ring in shared memory) us (same bits) "
+           "| Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 16]
     for r in rows:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
         triton_col = f"{f(r['triton_us'])} ({r['triton_rel']:.1e})" if r.get("triton_us") else "-"
         other_x = f"{f(r['x_other_way_us'])} ({r['x_other_way_same_bits']})" if r.get("x_other_way_us") else "-"
+        other_w = f"{f(r['w_other_way_us'])} ({r['w_other_way_same_bits']})" if r.get("w_other_way_us") else "-"
         out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} ({r['tile']['unpack']}) "
                    f"| {f(r['ours_gbps'], 0)} | {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} "
-                   f"| {other_x} "
+                   f"| {other_x} | {other_w} "
                    f"| {triton_col} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",

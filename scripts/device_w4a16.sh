@@ -11,11 +11,12 @@
 #     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
 #  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
-# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests and its tile sweep (each unpacking, with registers
+# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests (within TESTS_TIMEOUT s, default 120; TESTS_MORE: more test files) and its tile sweep (SWEEP_TIMEOUT, default 330 s) (each unpacking, with registers
 # and spills; the SASS itself: scripts/w4a16_sass.py, here) at gate/up, down and q/o, M = 1 and 16, beside bf16 and
 # the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
-# the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes).
+# the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
+# no fixture; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
 # fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' skips its tile sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
@@ -134,11 +135,14 @@ if [ "${1:-all}" = model ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = table ]; then
-  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
-  say "the trained fixture: quantlab against gptq_torch"
-  timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
-  cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
-  timeout 150 python3 scripts/bench_w4a16.py --out /tmp/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
+  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py ${TESTS_MORE:-} \
+    2>&1 | tee "$OUT/tests.log" | tail -3
+  if [ "${FIXTURE:-1}" = 1 ]; then
+    say "the trained fixture: quantlab against gptq_torch"
+    timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
+    cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
+  fi
+  timeout "${TABLE_TIMEOUT:-150}" python3 scripts/bench_w4a16.py --out /tmp/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
   cp /tmp/ktable/bench_w4a16.* "$OUT/" 2>/dev/null
   say "waiting for Marlin's build"; wait $MARLIN; tail -1 /tmp/marlin_build.log
   if [ -f /tmp/ktable/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
@@ -149,8 +153,9 @@ if [ "${1:-all}" = table ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = sweep ]; then
-  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -3
-  timeout 330 python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
+  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py ${TESTS_MORE:-} \
+    2>&1 | tee "$OUT/tests.log" | tail -3
+  timeout "${SWEEP_TIMEOUT:-330}" python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
     --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
   cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null
   say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log

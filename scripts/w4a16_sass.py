@@ -54,7 +54,7 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         # as w4a16.W4A16Plan makes it: one row (M = 1, compiled apart) with x loaded by each warp; 16 rows with x
         # read once per program into shared memory (at depth 1)
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      DEPTH=min(stages, 2), GATED=gated, X_SHARED=not one_row and min(stages, 2) == 1)
+                      GATED=gated, **w4a16_fragment.pipeline(1 if one_row else 16, stages))
         if one_row:
             consts["M"] = 1
         sig.update({k: "constexpr" for k in consts})

@@ -1,5 +1,7 @@
 """The W4A16 kernel (utils.kernels.w4a16) against the course's reference dequant, through Triton's
 interpreter on CPU (compiled on a GPU: scripts/bench_w4a16.py runs this file there)."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -164,6 +166,12 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
     # the Gluon kernel: 128 columns, half as many programs per SM, which at these shapes is the same split
     fragment = w4a16.w4a16_default_tile(1, K, N, 128, 132, "fragment")
     assert fragment == w4a16.W4A16Tile(128, 128, split, 4, 1, "fragment")
+    # from RING_ROWS rows its weight goes through a ring in shared memory (the same bits), with the same split
+    rows = w4a16_fragment.RING_ROWS
+    assert {w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment").num_stages for m in (rows - 1, rows, 16)} \
+        == {1, w4a16_fragment.RING_STAGES}
+    assert w4a16.w4a16_default_tile(16, K, N, 128, 132, "fragment") == dataclasses.replace(
+        fragment, num_stages=w4a16_fragment.RING_STAGES)
 
 
 def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):
@@ -214,6 +222,28 @@ def test_both_unpackings_give_the_same_bits(act_order):
     assert metrics.relative_l2(by_rows.cpu(), ref) <= metrics.matmul_error_bound(torch.float32, 256)
 
 
+def ring_matches_registers(M):
+    """The Gluon kernel's weight through shared memory (cp.async) instead of registers changes where bytes
+    wait, not one product or its order: the same bits at any ring size and split (16 > 8 steps: idle
+    programs), with a last column block cut short (N 136, 200), per-block groups (32, 64), x either way."""
+    for group, N, block_n, split in ((128, 128, 128, 3), (64, 192, 64, 16), (32, 136, 128, 16), (128, 200, 64, 1)):
+        t, w = layer(K=1024, N=N, group=group, sym=False, fmt=1, bias=True, zero_heavy=True, seed=group + M)
+        x = torch.randn(M, 1024, generator=torch.Generator().manual_seed(M)).to(DEVICE, torch.float16)
+        ref = x.cpu().double() @ w.double() + t["bias"].cpu().double()
+        regs = call(x, t, group, 1, tile=w4a16.W4A16Tile(block_n, 128, split, 4, 1, "fragment"))
+        bound = gptq.kernel_tolerance("QuantlabLinear", torch.float16, torch.float16, 1024)
+        assert metrics.relative_l2(regs.cpu(), ref) <= bound
+        for stages in (w4a16_fragment.RING_FROM, w4a16_fragment.MAX_STAGES):
+            tile = w4a16.W4A16Tile(block_n, 128, split, 4, stages, "fragment")
+            assert torch.equal(call(x, t, group, 1, tile=tile), regs), (group, N, block_n, split, stages)
+        # operands not 16-byte aligned (views one element in): cp.async cannot copy them, the register loop does
+        odd = {k: (None if v is None else torch.cat([v.new_zeros(1), v.flatten()])[1:].view(v.shape))
+               for k, v in t.items()}
+        xo = torch.cat([x.new_zeros(1), x.flatten()])[1:].view(x.shape)
+        assert odd["scales"].data_ptr() % 16
+        assert torch.equal(call(xo, odd, group, 1, tile=tile), regs)
+
+
 @pytest.mark.parametrize("unpack", ["reshape", "rows", "join"] + ([] if kernels.interpreted() else ["ptx"])
                          + (["fragment"] if FRAGMENT else []))
 @pytest.mark.parametrize("M,sym,fmt,bias", [(1, True, 1, False), (16, False, 1, True), (5, False, 2, False)])
@@ -235,6 +265,8 @@ def test_every_unpack_agrees_with_the_reference(unpack, M, sym, fmt, bias, monke
         assert torch.equal(call(x, t, 128, fmt, tile=tile), y)
         idle = call(x, t, 128, fmt, tile=w4a16.W4A16Tile(64, 128, 8, 4, 1, "fragment"))
         assert torch.allclose(idle.float(), y.float(), rtol=2e-3, atol=1e-3)
+        if M in (1, 16):                    # one row is compiled apart; from 8 rows x goes through shared memory
+            ring_matches_registers(M)
 
 
 def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
@@ -246,5 +278,5 @@ def test_an_unpack_that_cannot_serve_the_call_is_refused_by_name():
         call(x, t, 64, 1, tile=w4a16.W4A16Tile(32, 64, 1, 4, unpack="nibbles"))
     t, _ = layer(seed=6)
     with pytest.raises(ValueError, match="tile.unpack='fragment'") as e:
-        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, 3, "fragment"))   # 3 stages: it runs 1 or 2
+        call(x, t, 64, 1, tile=w4a16.W4A16Tile(64, 128, 1, 4, w4a16_fragment.MAX_STAGES + 1, "fragment"))
     record("kernel", "w4a16_matmul: the Gluon kernel's tile where it cannot run", str(e.value))

@@ -45,6 +45,9 @@ def test_fused_is_two_layers_and_silu(M, split_k, bias, unpack):
             * (xd @ wu.double() + (tu["bias"].cpu().double() if bias else 0))
         assert metrics.relative_l2(y.cpu(), exact) <= 2 * gptq.kernel_tolerance("QuantlabLinear", dtype, dtype, 256)
         assert torch.equal(w4a16.w4a16_gated_silu(x, gate, up, 64, 1, tile), y)        # the same bits again
+        if unpack == "fragment":            # both weights through a ring in shared memory: the same bits
+            ring = w4a16.W4A16Tile(64, 128, split_k, 4, 4, "fragment")
+            assert torch.equal(w4a16.w4a16_gated_silu(x, gate, up, 64, 1, ring), y)
 
 
 def test_the_op_passes_opcheck_and_compiles_whole():

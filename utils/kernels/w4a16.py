@@ -120,8 +120,9 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     split = max(1, min(steps, triton.cdiv(per_sm * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
-    if unpack == "fragment":
-        return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, w4a16_fragment.DEPTH, unpack)
+    if unpack == "fragment":       # the ring in shared memory from RING_ROWS rows: the same bits either way
+        stages = w4a16_fragment.RING_STAGES if M >= w4a16_fragment.RING_ROWS else w4a16_fragment.DEPTH
+        return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, stages, unpack)
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
@@ -137,12 +138,16 @@ class W4A16Plan:
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
+        self.unaligned = None           # the launch for operands not 16-byte aligned, where it differs
         if tile.unpack == "fragment":
-            self.gemm = Launch(w4a16_fragment.w4a16_fragment_kernel, grid,
-                               dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16,
-                                    BLOCK_N=tile.block_n, SPLIT_K=tile.split_k, DEPTH=tile.num_stages, GATED=gated,
-                                    X_SHARED=M >= w4a16_fragment.SHARED_X_FROM and tile.num_stages == 1),
-                               dict(num_warps=tile.num_warps))
+            fragment = lambda stages: Launch(  # noqa: E731
+                w4a16_fragment.w4a16_fragment_kernel, grid,
+                dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n,
+                     SPLIT_K=tile.split_k, GATED=gated, **w4a16_fragment.pipeline(M, stages)),
+                dict(num_warps=tile.num_warps))
+            self.gemm = fragment(tile.num_stages)
+            if tile.num_stages >= w4a16_fragment.RING_FROM:      # cp.async copies whole 4- to 16-byte runs
+                self.unaligned = fragment(1)
         else:
             self.gemm = Launch(w4a16_kernel, grid,
                                dict(GROUP=group_size, ZP_ADD=zp_add, ACT_ORDER=act_order, HAS_BIAS=has_bias,
@@ -180,7 +185,8 @@ class W4A16Plan:
             aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
         ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
         self.calls += 1
-        self.gemm((*ptrs, self.M, self.K, self.N, self.K), aligned)
+        (self.gemm if aligned or self.unaligned is None else self.unaligned)((*ptrs, self.M, self.K, self.N, self.K),
+                                                                            aligned)
         if self.sum is not None:
             self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
         return y
@@ -228,7 +234,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM)   # settings benchmarks flip
+           group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM, w4a16_fragment.RING_FROM)
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
@@ -254,9 +260,9 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
             require(why is None, f"tile.unpack='fragment' (the Gluon kernel) needs {why}: use 'ptx' or 'join'")
             require(tile.block_n in (64, 128) and (tile.block_k, tile.num_warps) == (w4a16_fragment.BLOCK_K,
                                                                                      w4a16_fragment.WARPS)
-                    and tile.num_stages in (1, 2) and tile.split_k >= 1,
+                    and 1 <= tile.num_stages <= w4a16_fragment.MAX_STAGES and tile.split_k >= 1,
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
-                    f"{w4a16_fragment.WARPS} warps, 1 or 2 stages, split_k >= 1; got {tile}")
+                    f"{w4a16_fragment.WARPS} warps, 1 to {w4a16_fragment.MAX_STAGES} stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
                          "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan

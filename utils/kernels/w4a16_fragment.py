@@ -32,7 +32,9 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier     # renamed after Triton 3.6
+    async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared   # likewise
 except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): the Triton kernel serves
     gluon = None
 
@@ -46,6 +48,22 @@ PROGRAMS_PER_SM = 4                                    # the split-K's aim (more
 # 2 and 4 rows each warp's own loads were, and one row is compiled apart (15 rows' loads dropped). The same
 # bits either way. A setting a benchmark flips.
 SHARED_X_FROM = 8
+# A tile's num_stages from RING_FROM on: the weight streamed through a ring of that many slots in shared memory
+# (cp.async), so bytes stay in flight without holding registers; below it, loaded into registers num_stages
+# (1 or 2) steps ahead. Settings benchmarks flip, part of a plan's key.
+RING_FROM, MAX_STAGES = 3, 8
+# A call gets the ring from RING_ROWS rows, of RING_STAGES slots (a first sweep on the H100, kept run
+# 20261127-w4a16-ring-h100): at 16 rows the registers that held the next step's words are freed (164 -> 96 a
+# thread), more programs fit an SM and gate/up, down and q/o ran 10-15 % faster; at one row the register loop
+# was faster. More slots: fewer programs per SM, slower.
+RING_ROWS, RING_STAGES = 8, 3
+
+
+def pipeline(M: int, num_stages: int) -> dict:
+    """The kernel's constexprs for a call of M rows at a tile's num_stages: DEPTH, STAGES, X_SHARED."""
+    ring = num_stages >= RING_FROM
+    return dict(DEPTH=1 if ring else num_stages, STAGES=num_stages if ring else 0,
+                X_SHARED=M >= SHARED_X_FROM and (ring or num_stages == 1))
 
 
 if gluon is not None:
@@ -76,6 +94,20 @@ if gluon is not None:
         lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
         warp = [[0, 1 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
         return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
+
+    @gluon.constexpr_function
+    def word_copy_layout(block_n, num_warps):
+        """[NB, 4, block_n] words (block b, word t, column n) as cp.async copies them: 16 bytes (four
+        columns) a thread, lanes along n."""
+        tn = min(32, block_n // 4)
+        wt = 4 // (32 // tn)
+        return gl.BlockedLayout([1, 1, 4], [1, 32 // tn, tn], [num_warps // wt, wt, 1], [2, 1, 0])
+
+    @gluon.constexpr_function
+    def row_copy_layout(cols, vec, num_warps):
+        """[rows, cols] copied `vec` elements a thread along the row (zero words, scales)."""
+        tn = min(32, cols // vec)
+        return gl.BlockedLayout([1, vec], [32 // tn, tn], [num_warps, 1], [1, 0])
 
     @gluon.constexpr_function
     def acc_layout(num_warps):
@@ -138,6 +170,111 @@ if gluon is not None:
         return gl.convert_layout(gl.permute(gl.reshape(v, (BM, NB * 32)), (1, 0)), layout, assert_trivial=True)
 
     @gluon.jit
+    def _issue(ring_w, ring_z, ring_s, slot, qw_ptr, qz_ptr, s_ptr, pid_n, kb, ok, N, GROUP: gl.constexpr):
+        """cp.async K step kb's words, zero words (each column's, per group row) and scales into ring slot
+        `slot`: the bytes are in flight without registers. ok: the step is this program's (else zeros)."""
+        NB: gl.constexpr = ring_w.shape[1]
+        BN: gl.constexpr = ring_w.shape[3]
+        NBG: gl.constexpr = ring_s.shape[1]
+        BK: gl.constexpr = 32 * NB
+        NW: gl.constexpr = gl.num_warps()
+        CW: gl.constexpr = word_copy_layout(BN, NW)
+        wb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, CW)))
+        wt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CW)))
+        wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, CW)))
+        N8 = N // 8                                    # N * 8: whole 16-byte runs (for the compiler's alignment)
+        rows = kb * (BK // 8) + wb[:, None, None] * 4 + wt[None, :, None]
+        async_load(ring_w.index(slot), qw_ptr + rows * N8 * 8 + wn[None, None, :], mask=(wn < N8 * 8)[None, None, :] & ok)
+        CS: gl.constexpr = row_copy_layout(BN, 8, NW)
+        sn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, CS))
+        sg = (kb * BK + gl.arange(0, NBG, layout=gl.SliceLayout(1, CS)) * (BK // NBG)) // GROUP
+        async_load(ring_s.index(slot), s_ptr + sg[:, None] * N8 * 8 + sn[None, :], mask=(sn < N8 * 8)[None, :] & ok)
+        CZ: gl.constexpr = row_copy_layout(BN, 1, NW)
+        zn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, CZ))
+        zg = (kb * BK + gl.arange(0, NBG, layout=gl.SliceLayout(1, CZ)) * (BK // NBG)) // GROUP
+        async_load(ring_z.index(slot), qz_ptr + zg[:, None] * N8 + (zn // 8)[None, :],
+                   mask=(zn < N)[None, :] & ok)
+
+    @gluon.jit
+    def _ring_read(ring_w, ring_z, ring_s, slot, LQ: gl.constexpr):
+        """Ring slot `slot` as _loads gives a step: words [BN, NB, 4] in LQ, zero words and scales [BN, NBG]."""
+        q = ring_w.index(slot).permute((2, 0, 1)).load(LQ)
+        zw = ring_z.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
+        s = ring_s.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
+        return zw, s, q
+
+    @gluon.jit
+    def _ring_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n, first, last, zshift,
+                   GROUP: gl.constexpr, ZP_ADD: gl.constexpr, BLOCK_M: gl.constexpr, BN: gl.constexpr,
+                   STAGES: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr):
+        """Steps first..last-1 with the weight streamed through a ring of STAGES slots in shared memory
+        (cp.async, STAGES - 1 steps ahead, one barrier a step); x too when X_SHARED, else each warp loads
+        its own one step ahead. The products and their order are the register loop's: the same bits."""
+        NW: gl.constexpr = gl.num_warps()
+        BK: gl.constexpr = 128
+        NB: gl.constexpr = BK // 32
+        NBG: gl.constexpr = 1 if GROUP >= BK else NB            # group rows a step reads
+        LQ: gl.constexpr = word_layout(BN, NB, NW)
+        LX: gl.constexpr = x_layout(BLOCK_M, NB, NW)
+        MMA: gl.constexpr = acc_layout(NW)
+        A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+        B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
+        dtype: gl.constexpr = x_ptr.dtype.element_ty
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        # rows t of a word block at banks 8t apart: the warp's 4 x 8 words of one load are conflict-free
+        ring_w = gl.allocate_shared_memory(gl.int32, [STAGES, NB, 4, BN], gl.SwizzledSharedLayout(8, 1, 4, order=[2, 1, 0]))
+        ring_z = gl.allocate_shared_memory(gl.int32, [STAGES, NBG, BN], plain)
+        ring_s = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, NBG, BN], plain)
+        ring_w2 = ring_w
+        ring_z2 = ring_z
+        ring_s2 = ring_s
+        if GATED:
+            ring_w2 = gl.allocate_shared_memory(gl.int32, [STAGES, NB, 4, BN], ring_w.layout)
+            ring_z2 = gl.allocate_shared_memory(gl.int32, [STAGES, NBG, BN], plain)
+            ring_s2 = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, NBG, BN], plain)
+        if X_SHARED:
+            grow, gmask = _x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
+            ring_x = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, NB, 4, 8],
+                                               gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 0, 1]))
+        else:
+            xrow, xmask = _x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
+            xv = gl.load(xrow + gl.minimum(first, last - 1) * BK, mask=xmask, other=0.0)
+        for i in gl.static_range(STAGES - 1):
+            _issue(ring_w, ring_z, ring_s, i, qw_ptr, qz_ptr, s_ptr, pid_n, first + i, first + i < last, N, GROUP)
+            if GATED:
+                _issue(ring_w2, ring_z2, ring_s2, i, qw2_ptr, qz2_ptr, s2_ptr, pid_n, first + i, first + i < last, N, GROUP)
+            if X_SHARED:
+                async_load(ring_x.index(i), grow + (first + i) * BK, mask=gmask & (first + i < last))
+            async_copy.commit_group()
+        acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
+        acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
+        for kb in range(first, last):
+            slot = (kb - first) % STAGES
+            async_copy.wait_group(STAGES - 2)          # this thread's copies of step kb have landed
+            cta_barrier()                              # everyone's, and slot kb - 1 is read by all warps
+            kn = kb + STAGES - 1
+            fill = (kb - first + STAGES - 1) % STAGES
+            _issue(ring_w, ring_z, ring_s, fill, qw_ptr, qz_ptr, s_ptr, pid_n, kn, kn < last, N, GROUP)
+            if GATED:
+                _issue(ring_w2, ring_z2, ring_s2, fill, qw2_ptr, qz2_ptr, s2_ptr, pid_n, kn, kn < last, N, GROUP)
+            if X_SHARED:
+                async_load(ring_x.index(fill), grow + kn * BK, mask=gmask & (kn < last))
+                xv = ring_x.index(slot).load(LX)
+            else:
+                xn = gl.load(xrow + gl.minimum(kb + 1, last - 1) * BK, mask=xmask, other=0.0)
+            async_copy.commit_group()
+            xf = _x_fragment(xv, B)
+            zw, s, q = _ring_read(ring_w, ring_z, ring_s, slot, LQ)
+            acc = mma_v2(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
+            if GATED:
+                zw2, s2, q2 = _ring_read(ring_w2, ring_z2, ring_s2, slot, LQ)
+                acc2 = mma_v2(_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
+            if not X_SHARED:
+                xv = xn
+        async_copy.wait_group(0)                       # no copy outlives the program
+        return acc, acc2
+
+    @gluon.jit
     def _silu_mul(g, u, out_dtype: gl.constexpr):
         """As w4a16_kernels._silu_mul: each sum rounded to the output dtype, then silu(g) * u in fp32."""
         g = g.to(out_dtype).to(gl.float32)
@@ -145,19 +282,13 @@ if gluon is not None:
         return (g * (1 / (1 + gl.exp(-g))) * u).to(out_dtype)
 
     @gluon.jit
-    def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
-                              b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
-                              HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
-                              X_SHARED: gl.constexpr = False):
-        """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
-        SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
-        multiple of 16 * num_warps (each warp takes 16-row slabs of n). DEPTH: K steps whose loads are in
-        flight ahead of the one computed (1 or 2). X_SHARED: x read once per program and step into shared
-        memory for all warps (DEPTH 1), not by each warp."""
-        gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
+    def _register_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n, first, last,
+                       zshift, GROUP: gl.constexpr, ZP_ADD: gl.constexpr, BLOCK_M: gl.constexpr, BN: gl.constexpr,
+                       DEPTH: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr):
+        """Steps first..last-1 with each step's words, zero words and scales loaded into registers DEPTH
+        steps ahead; x by each warp (DEPTH steps ahead), or when X_SHARED once per program and step into a
+        double buffer in shared memory (DEPTH 1)."""
         NW: gl.constexpr = gl.num_warps()
-        BN: gl.constexpr = BLOCK_N
         BK: gl.constexpr = 128
         NB: gl.constexpr = BK // 32
         LQ: gl.constexpr = word_layout(BN, NB, NW)
@@ -166,18 +297,12 @@ if gluon is not None:
         A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
         B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         dtype: gl.constexpr = x_ptr.dtype.element_ty
-        pid_n = gl.program_id(0)
-        nkb = K // BK
-        per = gl.cdiv(nkb, SPLIT_K)
-        first = gl.program_id(1) * per
-        last = gl.minimum(first + per, nkb)
         # this program's words: (n, b, t) -> qweight[kb * 16 + 4b + t, n]
         rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
         rb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
         rt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
         nmask = rn < N
         wmask = nmask[:, None, None]
-        zshift = (rn % 8) * 4
         words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
@@ -231,6 +356,39 @@ if gluon is not None:
                 qa, zwa, sa, xa = qn, zwn, sn, xn
             else:
                 q, zw, s, xv = qn, zwn, sn, xn
+        return acc, acc2
+
+    @gluon.jit
+    def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
+                              b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
+                              HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                              SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
+                              X_SHARED: gl.constexpr = False, STAGES: gl.constexpr = 0):
+        """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
+        SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
+        multiple of 16 * num_warps (each warp takes 16-row slabs of n). STAGES: 0, the weight loaded into
+        registers DEPTH (1 or 2) steps ahead; >= 2, streamed through a ring of STAGES slots in shared memory.
+        X_SHARED: x read once per program and step into shared memory for all warps, not by each warp."""
+        gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
+        gl.static_assert(STAGES == 0 or STAGES >= 2, "a ring of at least two slots")
+        NW: gl.constexpr = gl.num_warps()
+        BN: gl.constexpr = BLOCK_N
+        BK: gl.constexpr = 128
+        NB: gl.constexpr = BK // 32
+        MMA: gl.constexpr = acc_layout(NW)
+        pid_n = gl.program_id(0)
+        nkb = K // BK
+        per = gl.cdiv(nkb, SPLIT_K)
+        first = gl.program_id(1) * per
+        last = gl.minimum(first + per, nkb)
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, word_layout(BN, NB, NW))))
+        zshift = (rn % 8) * 4
+        if STAGES == 0:
+            acc, acc2 = _register_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n,
+                                       first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, DEPTH, GATED, X_SHARED)
+        else:
+            acc, acc2 = _ring_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n,
+                                   first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, STAGES, GATED, X_SHARED)
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
