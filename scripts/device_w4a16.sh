@@ -11,7 +11,8 @@
 #     batch 16, split by torch's profiler; then Marlin's columns added to the kernel table (built by now);
 #  5. with the time left, scripts/bench_lab03.py: Lab 03's own lm-eval path, BF16 and Int4-quantlab,
 #     decode compiled, batch 16 (LAB03_SETTINGS overrides the settings).
-# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests (within TESTS_TIMEOUT s, default 120; TESTS_MORE: more test files) and its tile sweep (SWEEP_TIMEOUT, default 330 s) (each unpacking, with registers
+# `bash scripts/device_w4a16.sh sweep`: only the kernel's tests (within TESTS_TIMEOUT s, default 120; TESTS_MORE:
+# more test files) and its tile sweep (within SWEEP_TIMEOUT s, default 330; each unpacking, with registers
 # and spills; the SASS itself: scripts/w4a16_sass.py, here) at gate/up, down and q/o, M = 1 and 16, beside bf16 and
 # the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and

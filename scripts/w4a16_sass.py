@@ -5,9 +5,11 @@
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
 (one 64 x 128 weight tile per program and step; 'fragment' is the Gluon kernel: 4 warps, --block-n 64 or 128,
-its load depth min(--stages, 2)), counted by kind: the tensor-core products (HGMMA: wgmma,
-HMMA: mma.sync), the shared-memory traffic of layout conversions (STS, LDS, LDSM) and barriers, the
-unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2). Weights per thread and step are
+--stages 1 or 2 steps loaded ahead into registers, from 3 a ring of that many slots in shared memory),
+counted by kind: the tensor-core products (HGMMA: wgmma, HMMA: mma.sync), global loads into registers
+(LDG) or straight into shared memory (LDGSTS: cp.async), the shared-memory traffic (STS, LDS, LDSM) and
+barriers, the unpacking's integer and packed-fp16 work (LOP3, SHF, PRMT, HADD2, HMUL2), and the registers
+a thread holds (cuobjdump: they set how many programs fit an SM). Weights per thread and step are
 BLOCK_N * BLOCK_K / threads, so instructions per weight follow. The Triton here may be newer than a GPU
 box's: its code can differ in detail. --out: the SASS and a table (sass_<unpack>.txt, w4a16_sass.md).
 """
@@ -30,10 +32,11 @@ OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
 def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90, gated: bool = False,
-                 pdl: bool = False, one_row: bool = False) -> str:
+                 pdl: bool = False, one_row: bool = False) -> tuple[str, int]:
     """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>;
     gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch; one_row:
-    the Gluon kernel as a one-row call runs it (M = 1 is compiled apart)."""
+    the Gluon kernel as a one-row call runs it (M = 1 is compiled apart). Returns the SASS and the registers a
+    thread holds (they set how many programs fit an SM)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -66,11 +69,14 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
                            options=dict(num_warps=warps, num_stages=stages))
-    nvdisasm = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"
+    tools = Path(triton.backends.nvidia.__file__).parent / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(k.asm["cubin"])
-        return subprocess.run([str(nvdisasm), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+        sass = subprocess.run([str(tools / "nvdisasm"), "-c", str(cubin)], check=True, capture_output=True, text=True).stdout
+        usage = subprocess.run([str(tools / "cuobjdump"), "--dump-resource-usage", str(cubin)], check=True,
+                               capture_output=True, text=True).stdout
+    return sass, int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def loop_body(sass: str) -> list[str]:
@@ -104,14 +110,15 @@ def main(argv=None) -> int:
         ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"
     per_thread = args.block_n * 128 * (2 if args.gated else 1) // (32 * args.warps)
-    rows = ["| unpack | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
-            "|" + "---|" * (3 + len(KINDS))]
+    rows = ["| unpack | registers per thread | loop instructions per thread | per weight | " + " | ".join(KINDS) + " |",
+            "|" + "---|" * (4 + len(KINDS))]
     for unpack in args.unpack:
-        sass = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl,
-                            args.one_row)
+        sass, regs = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl,
+                                  args.one_row)
         ops = loop_body(sass)
         n = collections.Counter(ops)
-        rows.append(f"| {unpack} | {len(ops)} | {len(ops) / per_thread:.2f} | " + " | ".join(str(n[k]) for k in KINDS) + " |")
+        rows.append(f"| {unpack} | {regs} | {len(ops)} | {len(ops) / per_thread:.2f} | "
+                    + " | ".join(str(n[k]) for k in KINDS) + " |")
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / f"sass_{unpack}.txt").write_text(sass)

@@ -1,5 +1,6 @@
 """The W4A16 kernel compiled for NVIDIA GPUs here, without one (scripts/w4a16_sass.py): the PTX unpacking,
 which Triton's interpreter cannot run, must assemble for the H100 and the RTX 4090, and do what it is for."""
+import collections
 import os
 import subprocess
 import sys
@@ -56,3 +57,30 @@ def test_the_fragment_kernel_moves_no_weight_through_shared_memory(arch, tmp_pat
                        check=True, env=env, capture_output=True, timeout=240)
         kernel = w4a16_sass.OP.findall((one / "sass_fragment.txt").read_text())
         assert not {"STS", "LDS", "LDSM", "BAR"} & set(kernel), (arch, gated)
+
+
+@pytest.mark.parametrize("arch", [90, 89])
+def test_the_ring_streams_the_weight_into_shared_memory_without_registers(arch, tmp_path):
+    # from RING_ROWS rows a K step's words, zero words, scales and x go by cp.async (LDGSTS, 16 bytes where
+    # they can) into a ring slot: no global load into registers in the loop, one barrier a step, nothing
+    # stored by threads; so the next steps' bytes hold no registers, and a thread needs far fewer than when
+    # the next step's words wait in registers (more programs fit an SM)
+    from utils.kernels import w4a16_fragment
+    if w4a16_fragment.w4a16_fragment_kernel is None:
+        pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    regs = {}
+    for stages in (1, w4a16_fragment.RING_STAGES):
+        out = tmp_path / str(stages)
+        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "fragment",
+                        "--block-n", "128", "--stages", str(stages), "--out", str(out)],
+                       check=True, env=env, capture_output=True, timeout=240)
+        row = next(ln for ln in (out / "w4a16_sass.md").read_text().splitlines() if ln.startswith("| fragment"))
+        regs[stages] = int(row.split("|")[2])
+        ops = w4a16_sass.loop_body((out / "sass_fragment.txt").read_text())
+        assert ops.count("HMMA") == 32, (arch, stages)               # 128 x 16 x 128 in m16n8k16 per warp
+        if stages > 1:
+            assert "LDG" not in ops and "STS" not in ops and ops.count("BAR") == 1, (arch, collections.Counter(ops))
+            assert ops.count("LDGSTS") >= 4                          # 8 KB of words: four 16-byte copies a thread
+            assert "LDGSTS.E.BYPASS.128" in (out / "sass_fragment.txt").read_text()
+    assert regs[w4a16_fragment.RING_STAGES] < 0.7 * regs[1], regs

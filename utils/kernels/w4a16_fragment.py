@@ -13,16 +13,19 @@ Then the eight codes of one packed word (physical rows 32b + 8t .. + 7) are exac
 that lane t needs in block b, and x's B fragment (the same K columns of row m) is one 16-byte load of
 x[m, 32b + 8t ..]. Each thread loads its words, unpacks them in PTX (two codes per 32-bit instruction,
 the reference's single rounding: s * (q - z)), and the result already *is* the operand: both layout
-conversions compile to nothing (asserted in the kernel), and the weight never goes through shared memory.
+conversions compile to nothing (asserted in the kernel), and no unpacked weight goes through shared memory.
 
 The layouts are spelled out (Gluon's DistributedLinearLayout): lanes 0-1 pick the word within a 32-row
 block (t), lanes 2-4 the row n mod 8 (for x: the row m mod 8), a register n + 8 (m + 8) and, at 128
 columns, n + 64, the warps n + 16 and n + 32 (x: the same for every warp), registers the blocks b and a
 word's eight rows. The product is mma.sync (m16n8k16) with both operands in registers: Hopper's wgmma
-wants x in shared memory, and staging it there lost (the kept run). The next DEPTH steps' loads are in
-flight while one step computes. From 8 rows every warp would load the same x, so it is read once per
-program and step into shared memory, and each warp takes its fragments from there (X_SHARED,
-SHARED_X_FROM). Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one
+wants x in shared memory, and staging it there lost (the kept run). Below 8 rows the next step's words,
+zero points and scales are loaded into registers while one step computes. From 8 rows those registers
+are what limits how many programs fit an SM, so the packed bytes are streamed instead: cp.async copies
+each step into a ring of slots in shared memory two steps ahead, and each thread loads its words back
+in the same fragment layout (w4a16_layouts.py; RING_ROWS). Every warp would load the same x there, so x
+goes through shared memory too, read once per program and step (X_SHARED, SHARED_X_FROM). The bits are the
+same either way. Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one
 group per 32 rows (group 32, 64, 128, ...), K a multiple of 128, no act-order: w4a16.py falls back to the
 Triton kernel otherwise.
 """
@@ -34,11 +37,10 @@ try:
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier     # renamed after Triton 3.6
-    async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared   # likewise
+    from .w4a16_layouts import (acc_layout, async_load, ring_issue, ring_read, step_loads, unpack_fragment, word_layout,
+                                x_fragment, x_global_layout, x_layout, x_rows)
 except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): the Triton kernel serves
     gluon = None
-
-from .w4a16_kernels import UNPACK_PTX
 
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
@@ -52,10 +54,10 @@ SHARED_X_FROM = 8
 # (cp.async), so bytes stay in flight without holding registers; below it, loaded into registers num_stages
 # (1 or 2) steps ahead. Settings benchmarks flip, part of a plan's key.
 RING_FROM, MAX_STAGES = 3, 8
-# A call gets the ring from RING_ROWS rows, of RING_STAGES slots (a first sweep on the H100, kept run
-# 20261127-w4a16-ring-h100): at 16 rows the registers that held the next step's words are freed (164 -> 96 a
-# thread), more programs fit an SM and gate/up, down and q/o ran 10-15 % faster; at one row the register loop
-# was faster. More slots: fewer programs per SM, slower.
+# A call gets the ring from RING_ROWS rows, of RING_STAGES slots (kept run 20261127-w4a16-ring-h100, runs 1-2):
+# at 16 rows the registers that held the next step's words are freed (164 -> 96 a thread), more programs fit an
+# SM, and gate/up, down and q/o ran 10-15 % faster; at 1, 2 and 4 rows the register loop was faster. More
+# slots: fewer programs per SM, slower.
 RING_ROWS, RING_STAGES = 8, 3
 
 
@@ -67,142 +69,6 @@ def pipeline(M: int, num_stages: int) -> dict:
 
 
 if gluon is not None:
-    @gluon.constexpr_function
-    def word_layout(block_n, nb, num_warps):
-        """[block_n, nb, 4] words (n, block b, word t within the block) as the mma's A fragment needs them."""
-        reg = [[8, 0, 0]] + [[0, 1 << i, 0] for i in range(nb.bit_length() - 1)]
-        reg += [[16 * num_warps << i, 0, 0] for i in range((block_n // (16 * num_warps)).bit_length() - 1)]
-        lane = [[0, 0, 1], [0, 0, 2], [1, 0, 0], [2, 0, 0], [4, 0, 0]]
-        warp = [[16 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_n, nb, 4])
-
-    @gluon.constexpr_function
-    def x_layout(block_m, nb, num_warps):
-        """[block_m, nb, 4, 8] of x (row m, block b, word t, row e of the word) as the mma's B fragment
-        needs them: e in registers (one 16-byte load), every warp the same."""
-        reg = [[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]] + [[0, 1 << i, 0, 0] for i in range(nb.bit_length() - 1)]
-        reg += [[8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
-        lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-        warp = [[0, 0, 0, 0] for _ in range(num_warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
-
-    @gluon.constexpr_function
-    def x_global_layout(block_m, nb, num_warps):
-        """[block_m, nb, 4, 8] of x read once per program: each thread 16 bytes (a word's eight rows e) per
-        row m, m + 8; lanes t and m mod 8, warps the block b. Stored so, block-major, for every warp to read."""
-        reg = [[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]] + [[8 << i, 0, 0, 0] for i in range((block_m // 8).bit_length() - 1)]
-        lane = [[0, 0, 1, 0], [0, 0, 2, 0], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
-        warp = [[0, 1 << i, 0, 0] for i in range(num_warps.bit_length() - 1)]
-        return gl.DistributedLinearLayout(reg, lane, warp, [], [block_m, nb, 4, 8])
-
-    @gluon.constexpr_function
-    def word_copy_layout(block_n, num_warps):
-        """[NB, 4, block_n] words (block b, word t, column n) as cp.async copies them: 16 bytes (four
-        columns) a thread, lanes along n."""
-        tn = min(32, block_n // 4)
-        wt = 4 // (32 // tn)
-        return gl.BlockedLayout([1, 1, 4], [1, 32 // tn, tn], [num_warps // wt, wt, 1], [2, 1, 0])
-
-    @gluon.constexpr_function
-    def row_copy_layout(cols, vec, num_warps):
-        """[rows, cols] copied `vec` elements a thread along the row (zero words, scales)."""
-        tn = min(32, cols // vec)
-        return gl.BlockedLayout([1, vec], [32 // tn, tn], [num_warps, 1], [1, 0])
-
-    @gluon.constexpr_function
-    def acc_layout(num_warps):
-        """The accumulator [BLOCK_N, BLOCK_M]: warps stacked along n, mma.sync m16n8k16."""
-        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 8])
-
-    @gluon.jit
-    def _groups(qz_ptr, s_ptr, kb, rn, rb, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
-        """The zero words and scales of K step kb: [BLOCK_N, 1] for one group per step, [BLOCK_N, NB] for
-        one per 32-row block (groups of 32 or 64)."""
-        if GROUP >= BK:
-            g = kb * BK // GROUP
-            zw = gl.load(qz_ptr + g * (N // 8) + rn // 8, mask=nmask, other=0)[:, None]
-            s = gl.load(s_ptr + g * N + rn, mask=nmask, other=0.0)[:, None]
-        else:
-            g = ((kb * BK + rb * 32) // GROUP)[None, :]
-            zw = gl.load(qz_ptr + g * (N // 8) + (rn // 8)[:, None], mask=nmask[:, None], other=0)
-            s = gl.load(s_ptr + g * N + rn[:, None], mask=nmask[:, None], other=0.0)
-        return zw, s
-
-    @gluon.jit
-    def _loads(words, qz_ptr, s_ptr, kb, rn, rb, wmask, nmask, N, GROUP: gl.constexpr, BK: gl.constexpr):
-        """K step kb's words, zero words and scales."""
-        q = gl.load(words + kb * (BK // 8) * N, mask=wmask, other=0)
-        zw, s = _groups(qz_ptr, s_ptr, kb, rn, rb, nmask, N, GROUP, BK)
-        return q, zw, s
-
-    @gluon.jit
-    def _x_rows(x_ptr, stride_xm, M, layout: gl.constexpr, BLOCK_M: gl.constexpr, NB: gl.constexpr):
-        """x's addresses for K step 0 in `layout`, (m, b, t, e) -> x[m, 32b + 8t + e], and the rows' mask."""
-        xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
-        xb = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, layout))))
-        xt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
-        xe = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, layout))))
-        rows = (x_ptr + xm[:, None, None, None] * stride_xm + xb[None, :, None, None] * 32
-                + xt[None, None, :, None] * 8 + xe[None, None, None, :])
-        return rows, (xm < M)[:, None, None, None]
-
-    @gluon.jit
-    def _fragment(q, zw, s, zshift, ZP_ADD: gl.constexpr, layout: gl.constexpr, dtype: gl.constexpr):
-        """The words q [BLOCK_N, NB, 4] dequantized into the A operand [BLOCK_N, BLOCK_K] (renamed K)."""
-        z = (((zw + ZP_ADD) >> zshift[:, None]) & 0xF) | 0x6400       # 1024 + z as fp16 bits
-        zz = (z | (z << 16))[:, :, None]
-        sb = s.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        ss = (sb | (sb << 16))[:, :, None]
-        w0, w1, w2, w3, w4, w5, w6, w7 = gl.inline_asm_elementwise(
-            UNPACK_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [q, zz, ss], dtype=(gl.float16,) * 8, is_pure=True, pack=1)
-        # code j = 4r + 2h + p of word (b, t) -> logical column 32b + 16h + 8p + 2t + r: joins add r, p, h
-        w = gl.join(gl.join(gl.join(w0, w4), gl.join(w1, w5)), gl.join(gl.join(w2, w6), gl.join(w3, w7)))
-        w = gl.reshape(gl.permute(w, (0, 1, 5, 4, 2, 3)), (q.shape[0], q.shape[1] * 32))
-        return gl.convert_layout(w.to(dtype), layout, assert_trivial=True)
-
-    @gluon.jit
-    def _x_fragment(xv, layout: gl.constexpr):
-        """x [BLOCK_M, NB, 4, 8] (word t's eight physical rows e = 4r + 2h + p) as the B operand
-        [BLOCK_K, BLOCK_M] in the renamed order, logical row 32b + 16h + 8p + 2t + r."""
-        BM: gl.constexpr = xv.shape[0]
-        NB: gl.constexpr = xv.shape[1]
-        v = gl.permute(gl.reshape(xv, (BM, NB, 4, 2, 2, 2)), (0, 1, 4, 5, 2, 3))      # [m, b, h, p, t, r]
-        return gl.convert_layout(gl.permute(gl.reshape(v, (BM, NB * 32)), (1, 0)), layout, assert_trivial=True)
-
-    @gluon.jit
-    def _issue(ring_w, ring_z, ring_s, slot, qw_ptr, qz_ptr, s_ptr, pid_n, kb, ok, N, GROUP: gl.constexpr):
-        """cp.async K step kb's words, zero words (each column's, per group row) and scales into ring slot
-        `slot`: the bytes are in flight without registers. ok: the step is this program's (else zeros)."""
-        NB: gl.constexpr = ring_w.shape[1]
-        BN: gl.constexpr = ring_w.shape[3]
-        NBG: gl.constexpr = ring_s.shape[1]
-        BK: gl.constexpr = 32 * NB
-        NW: gl.constexpr = gl.num_warps()
-        CW: gl.constexpr = word_copy_layout(BN, NW)
-        wb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, CW)))
-        wt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CW)))
-        wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, CW)))
-        N8 = N // 8                                    # N * 8: whole 16-byte runs (for the compiler's alignment)
-        rows = kb * (BK // 8) + wb[:, None, None] * 4 + wt[None, :, None]
-        async_load(ring_w.index(slot), qw_ptr + rows * N8 * 8 + wn[None, None, :], mask=(wn < N8 * 8)[None, None, :] & ok)
-        CS: gl.constexpr = row_copy_layout(BN, 8, NW)
-        sn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, CS))
-        sg = (kb * BK + gl.arange(0, NBG, layout=gl.SliceLayout(1, CS)) * (BK // NBG)) // GROUP
-        async_load(ring_s.index(slot), s_ptr + sg[:, None] * N8 * 8 + sn[None, :], mask=(sn < N8 * 8)[None, :] & ok)
-        CZ: gl.constexpr = row_copy_layout(BN, 1, NW)
-        zn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, CZ))
-        zg = (kb * BK + gl.arange(0, NBG, layout=gl.SliceLayout(1, CZ)) * (BK // NBG)) // GROUP
-        async_load(ring_z.index(slot), qz_ptr + zg[:, None] * N8 + (zn // 8)[None, :],
-                   mask=(zn < N)[None, :] & ok)
-
-    @gluon.jit
-    def _ring_read(ring_w, ring_z, ring_s, slot, LQ: gl.constexpr):
-        """Ring slot `slot` as _loads gives a step: words [BN, NB, 4] in LQ, zero words and scales [BN, NBG]."""
-        q = ring_w.index(slot).permute((2, 0, 1)).load(LQ)
-        zw = ring_z.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
-        s = ring_s.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
-        return zw, s, q
-
     @gluon.jit
     def _ring_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n, first, last, zshift,
                    GROUP: gl.constexpr, ZP_ADD: gl.constexpr, BLOCK_M: gl.constexpr, BN: gl.constexpr,
@@ -233,16 +99,16 @@ if gluon is not None:
             ring_z2 = gl.allocate_shared_memory(gl.int32, [STAGES, NBG, BN], plain)
             ring_s2 = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, NBG, BN], plain)
         if X_SHARED:
-            grow, gmask = _x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
+            grow, gmask = x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
             ring_x = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, NB, 4, 8],
                                                gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 0, 1]))
         else:
-            xrow, xmask = _x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
+            xrow, xmask = x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
             xv = gl.load(xrow + gl.minimum(first, last - 1) * BK, mask=xmask, other=0.0)
         for i in gl.static_range(STAGES - 1):
-            _issue(ring_w, ring_z, ring_s, i, qw_ptr, qz_ptr, s_ptr, pid_n, first + i, first + i < last, N, GROUP)
+            ring_issue(ring_w, ring_z, ring_s, i, qw_ptr, qz_ptr, s_ptr, pid_n, first + i, first + i < last, N, GROUP)
             if GATED:
-                _issue(ring_w2, ring_z2, ring_s2, i, qw2_ptr, qz2_ptr, s2_ptr, pid_n, first + i, first + i < last, N, GROUP)
+                ring_issue(ring_w2, ring_z2, ring_s2, i, qw2_ptr, qz2_ptr, s2_ptr, pid_n, first + i, first + i < last, N, GROUP)
             if X_SHARED:
                 async_load(ring_x.index(i), grow + (first + i) * BK, mask=gmask & (first + i < last))
             async_copy.commit_group()
@@ -254,21 +120,21 @@ if gluon is not None:
             cta_barrier()                              # everyone's, and slot kb - 1 is read by all warps
             kn = kb + STAGES - 1
             fill = (kb - first + STAGES - 1) % STAGES
-            _issue(ring_w, ring_z, ring_s, fill, qw_ptr, qz_ptr, s_ptr, pid_n, kn, kn < last, N, GROUP)
+            ring_issue(ring_w, ring_z, ring_s, fill, qw_ptr, qz_ptr, s_ptr, pid_n, kn, kn < last, N, GROUP)
             if GATED:
-                _issue(ring_w2, ring_z2, ring_s2, fill, qw2_ptr, qz2_ptr, s2_ptr, pid_n, kn, kn < last, N, GROUP)
+                ring_issue(ring_w2, ring_z2, ring_s2, fill, qw2_ptr, qz2_ptr, s2_ptr, pid_n, kn, kn < last, N, GROUP)
             if X_SHARED:
                 async_load(ring_x.index(fill), grow + kn * BK, mask=gmask & (kn < last))
                 xv = ring_x.index(slot).load(LX)
             else:
                 xn = gl.load(xrow + gl.minimum(kb + 1, last - 1) * BK, mask=xmask, other=0.0)
             async_copy.commit_group()
-            xf = _x_fragment(xv, B)
-            zw, s, q = _ring_read(ring_w, ring_z, ring_s, slot, LQ)
-            acc = mma_v2(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
+            xf = x_fragment(xv, B)
+            zw, s, q = ring_read(ring_w, ring_z, ring_s, slot, LQ)
+            acc = mma_v2(unpack_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
             if GATED:
-                zw2, s2, q2 = _ring_read(ring_w2, ring_z2, ring_s2, slot, LQ)
-                acc2 = mma_v2(_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
+                zw2, s2, q2 = ring_read(ring_w2, ring_z2, ring_s2, slot, LQ)
+                acc2 = mma_v2(unpack_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
             if not X_SHARED:
                 xv = xn
         async_copy.wait_group(0)                       # no copy outlives the program
@@ -306,10 +172,10 @@ if gluon is not None:
         words = qw_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         words2 = qw2_ptr + rn[:, None, None] + (rb[None, :, None] * 4 + rt[None, None, :]) * N
         k0 = gl.minimum(first, last - 1)        # a program past the last step (split_k > steps) loads in bounds
-        q, zw, s = _loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
+        q, zw, s = step_loads(words, qz_ptr, s_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if X_SHARED:
             # x read once per program and step into shared memory (two buffers, block-major), then by every warp
-            grow, gmask = _x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
+            grow, gmask = x_rows(x_ptr, stride_xm, M, x_global_layout(BLOCK_M, NB, NW), BLOCK_M, NB)
             xs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, NB, 4, 8],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[3, 2, 0, 1]))
             xs.index(0).store(gl.load(grow + k0 * BK, mask=gmask, other=0.0))
@@ -317,28 +183,28 @@ if gluon is not None:
             cta_barrier()
             xv = xs.index(0).load(LX)
         else:
-            xrow, xmask = _x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
+            xrow, xmask = x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
             xv = gl.load(xrow + k0 * BK, mask=xmask, other=0.0)
         if GATED:
-            q2, zw2, s2 = _loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
+            q2, zw2, s2 = step_loads(words2, qz2_ptr, s2_ptr, k0, rn, rb, wmask, nmask, N, GROUP, BK)
         if DEPTH == 2:
             k1 = gl.minimum(first + 1, last - 1)
-            qa, zwa, sa = _loads(words, qz_ptr, s_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
+            qa, zwa, sa = step_loads(words, qz_ptr, s_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
             xa = gl.load(xrow + k1 * BK, mask=xmask, other=0.0)
             if GATED:
-                qa2, zwa2, sa2 = _loads(words2, qz2_ptr, s2_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
+                qa2, zwa2, sa2 = step_loads(words2, qz2_ptr, s2_ptr, k1, rn, rb, wmask, nmask, N, GROUP, BK)
         acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         for kb in range(first, last):
             kn = gl.minimum(kb + DEPTH, last - 1)               # the last steps reload the last one
-            qn, zwn, sn = _loads(words, qz_ptr, s_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
+            qn, zwn, sn = step_loads(words, qz_ptr, s_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
             if not X_SHARED:
                 xn = gl.load(xrow + kn * BK, mask=xmask, other=0.0)
-            xf = _x_fragment(xv, B)
-            acc = mma_v2(_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
+            xf = x_fragment(xv, B)
+            acc = mma_v2(unpack_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
             if GATED:
-                qn2, zwn2, sn2 = _loads(words2, qz2_ptr, s2_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
-                acc2 = mma_v2(_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
+                qn2, zwn2, sn2 = step_loads(words2, qz2_ptr, s2_ptr, kn, rn, rb, wmask, nmask, N, GROUP, BK)
+                acc2 = mma_v2(unpack_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
                 if DEPTH == 2:
                     q2, zw2, s2 = qa2, zwa2, sa2
                     qa2, zwa2, sa2 = qn2, zwn2, sn2
