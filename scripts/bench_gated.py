@@ -13,6 +13,7 @@ Writes bench_gated.md and bench_gated.json into --out (refuses a folder that has
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from utils import metrics, timing  # noqa: E402
-from utils.kernels import w4a16  # noqa: E402
+from utils.kernels import w4a16, w4a16_fragment  # noqa: E402
 from utils.kernels.w4a16 import W4A16Tile, w4a16_gated_silu, w4a16_matmul  # noqa: E402
 
 K, N = 3584, 18944
@@ -88,6 +89,15 @@ def main(argv=None) -> int:
             row[f"fused_{tag}_us"] = cold_us(fused, ops)
             row[f"unfused_{tag}_us"] = cold_us(unfused, ops)
             row[f"fused_{tag}_same_bits"] = all(torch.equal(fused(*ops), y) for _ in range(3))
+        w4a16.SUM_PDL = False                    # as the model runs it, from here on
+        tile = w4a16.w4a16_default_tile(M, K, N, 128, torch.cuda.get_device_properties(0).multi_processor_count,
+                                        w4a16.w4a16_default_unpack(gs.dtype, False, x, 128), gated=True)
+        if tile.unpack == "fragment":            # the weights the other way: registers or the ring in shared memory
+            ring = tile.num_stages >= w4a16_fragment.RING_FROM
+            other = dataclasses.replace(tile, num_stages=w4a16_fragment.DEPTH if ring else w4a16_fragment.RING_STAGES)
+            row["default_stages"] = tile.num_stages
+            row["w_other_way_us"] = cold_us(lambda *a: fused(*a, other), ops)
+            row["w_other_way_same_bits"] = torch.equal(fused(*ops, other), y)
         row["fused_rel"] = metrics.relative_l2(y.cpu(), ref)
         row["unfused_rel"] = metrics.relative_l2(unfused(*ops).cpu(), ref)
         row["fused_vs_unfused_max_abs"] = (y.float() - unfused(*ops).float()).abs().max().item()
@@ -95,7 +105,8 @@ def main(argv=None) -> int:
         print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
         if args.sweep:
             unpack = w4a16.w4a16_default_unpack(gs.dtype, False, x, 128)      # the kernel the fused call runs
-            grid = itertools.product((64, 128), (1, 2, 4, 7), (1, 4)) if unpack == "fragment" else \
+            stages = (1, w4a16_fragment.RING_STAGES)
+            grid = itertools.product((64, 128), (1, 2, 4, 7), stages) if unpack == "fragment" else \
                 itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))
             for bn, split, st in grid:
                 tile = W4A16Tile(bn, 128, split, 4, st, unpack)
@@ -123,12 +134,16 @@ def markdown(meta, rows, sweep) -> str:
     out = [f"# Gate and up, fused against two launches, {meta['device']} ({meta['date']})", "",
            f"torch {meta['torch']}, Triton {meta['triton']}. `{meta['command']}`. Qwen2.5-7B's gate/up ({K} -> {N}, "
            "x2), cold weights under CUDA-graph replay, us per MLP half (both projections and silu * up).", "",
-           "| M | two launches + torch silu | the same, PDL | fused | fused, PDL | bf16 | fused rel | unfused rel "
-           "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 10]
+           "| M | two launches + torch silu | the same, PDL | fused | fused, PDL | fused, the weights the other way "
+           "(registers or the ring) us (same bits) | bf16 | fused rel | unfused rel "
+           "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 11]
     for r in rows:
+        way = "registers" if r.get("default_stages", 0) >= w4a16_fragment.RING_FROM else "ring"
+        other = f"{r['w_other_way_us']:.1f} ({way}: {r['w_other_way_same_bits']})" if "w_other_way_us" in r else "-"
         out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['fused_plain_us']:.1f} "
-                   f"| {r['fused_pdl_us']:.1f} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} | {r['unfused_rel']:.2e} "
-                   f"| {r['fused_vs_unfused_max_abs']:.1e} | {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
+                   f"| {r['fused_pdl_us']:.1f} | {other} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} "
+                   f"| {r['unfused_rel']:.2e} | {r['fused_vs_unfused_max_abs']:.1e} "
+                   f"| {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
     if sweep:
         out += ["", "| M | unpack | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|---|"]
         out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "

@@ -19,7 +19,8 @@
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
 # no fixture; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
-# fused against two launches (scripts/bench_gated.py, GATED_SWEEP='' skips its tile sweep), the 7B-shaped pair, then
+# fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
+# sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
 # (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
 # the trained fixture through quantlab against gptq_torch (fixture).
@@ -64,7 +65,7 @@ if [ "${1:-all}" = gated ]; then
   kill $MARLIN 2>/dev/null
   if [[ $STEPS == *" bench "* ]]; then
     say "gate and up: fused against two launches"
-    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows 1 16 ${GATED_SWEEP---sweep} 2>&1 |
+    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows ${GATED_ROWS:-1 16} ${GATED_SWEEP---sweep} 2>&1 |
       grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
     cp /tmp/gated/bench_gated.* "$OUT/" 2>/dev/null
   fi

@@ -29,11 +29,12 @@ def test_ptx_unpacking_assembles_and_takes_fewer_instructions_than_joins(arch, t
 
 
 @pytest.mark.parametrize("arch", [90, 89])
-def test_the_fragment_kernel_moves_no_weight_through_shared_memory(arch, tmp_path):
+def test_the_fragment_kernel_moves_no_unpacked_weight_through_shared_memory(arch, tmp_path):
     # the unpacked words are already the mma's A operand (the kernel asserts the layout conversion is trivial):
-    # the weight never goes through shared memory, where the Triton kernel's loop stores and ldmatrix-loads
-    # it. At 16 rows shared memory carries only x, read once per program and step (16 rows x 128: two 16-byte
-    # stores a thread) for all four warps (each its B fragments, eight 16-byte loads)
+    # no unpacked weight goes through shared memory, where the Triton kernel's loop stores and ldmatrix-loads
+    # it. In the register loop (--stages 1) at 16 rows shared memory carries only x, read once per program and
+    # step (16 rows x 128: two 16-byte stores a thread) for all four warps (each its B fragments, eight 16-byte
+    # loads)
     from utils.kernels import w4a16_fragment
     if w4a16_fragment.w4a16_fragment_kernel is None:
         pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
