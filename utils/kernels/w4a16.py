@@ -45,7 +45,8 @@ class W4A16Tile:
     codes are unpacked (UNPACKS: the weight tile as the second operand of the tile product, each word loaded
     once then reshaped, or once per row it feeds; or transposed as the first operand, unpacked word by word
     in its thread, in Triton or in PTX; or loaded straight into the tensor-core operand's layout by the Gluon
-    kernel, 'fragment' (NVIDIA sm_80+): 64 or 128 columns, 128 K rows per step, 4 warps, w4a16_fragment.py)."""
+    kernel, 'fragment' (NVIDIA sm_80+): 64 or 128 columns, 128 K rows per step, 4 warps, w4a16_fragment.py;
+    its num_stages 1 or 2 are steps loaded ahead into registers, from 3 a ring of that many shared-memory slots)."""
     block_n: int
     block_k: int
     split_k: int
@@ -105,8 +106,9 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
     'fragment': 128 columns (64 gated: two weights' registers), K steps of 128, about half as many programs
-    per SM (w4a16_fragment.PROGRAMS_PER_SM), loads one step ahead: its sweep on the H100, the same rule for
-    every M."""
+    per SM (w4a16_fragment.PROGRAMS_PER_SM), the same split for every M; loads one step ahead into registers,
+    from RING_ROWS rows through a ring of RING_STAGES slots in shared memory (the same bits): its sweeps on
+    the H100."""
     per_sm = PROGRAMS_PER_SM
     if unpack == "fragment":
         block_k, block_n = w4a16_fragment.BLOCK_K, (64 if gated else w4a16_fragment.BLOCK_N)

@@ -88,7 +88,8 @@ if gluon is not None:
         dtype: gl.constexpr = x_ptr.dtype.element_ty
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
         # rows t of a word block at banks 8t apart: the warp's 4 x 8 words of one load are conflict-free
-        ring_w = gl.allocate_shared_memory(gl.int32, [STAGES, NB, 4, BN], gl.SwizzledSharedLayout(8, 1, 4, order=[2, 1, 0]))
+        swizzled: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 4, order=[2, 1, 0])
+        ring_w = gl.allocate_shared_memory(gl.int32, [STAGES, NB, 4, BN], swizzled)
         ring_z = gl.allocate_shared_memory(gl.int32, [STAGES, NBG, BN], plain)
         ring_s = gl.allocate_shared_memory(s_ptr.dtype.element_ty, [STAGES, NBG, BN], plain)
         ring_w2 = ring_w
@@ -106,11 +107,12 @@ if gluon is not None:
             xrow, xmask = x_rows(x_ptr, stride_xm, M, LX, BLOCK_M, NB)
             xv = gl.load(xrow + gl.minimum(first, last - 1) * BK, mask=xmask, other=0.0)
         for i in gl.static_range(STAGES - 1):
-            ring_issue(ring_w, ring_z, ring_s, i, qw_ptr, qz_ptr, s_ptr, pid_n, first + i, first + i < last, N, GROUP)
+            ok = first + i < last
+            ring_issue(ring_w, ring_z, ring_s, i, qw_ptr, qz_ptr, s_ptr, pid_n, first + i, ok, N, GROUP)
             if GATED:
-                ring_issue(ring_w2, ring_z2, ring_s2, i, qw2_ptr, qz2_ptr, s2_ptr, pid_n, first + i, first + i < last, N, GROUP)
+                ring_issue(ring_w2, ring_z2, ring_s2, i, qw2_ptr, qz2_ptr, s2_ptr, pid_n, first + i, ok, N, GROUP)
             if X_SHARED:
-                async_load(ring_x.index(i), grow + (first + i) * BK, mask=gmask & (first + i < last))
+                async_load(ring_x.index(i), grow + (first + i) * BK, mask=gmask & ok)
             async_copy.commit_group()
         acc = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
         acc2 = gl.zeros((BN, BLOCK_M), gl.float32, layout=MMA)
@@ -130,10 +132,10 @@ if gluon is not None:
                 xn = gl.load(xrow + gl.minimum(kb + 1, last - 1) * BK, mask=xmask, other=0.0)
             async_copy.commit_group()
             xf = x_fragment(xv, B)
-            zw, s, q = ring_read(ring_w, ring_z, ring_s, slot, LQ)
+            q, zw, s = ring_read(ring_w, ring_z, ring_s, slot, LQ)
             acc = mma_v2(unpack_fragment(q, zw, s, zshift, ZP_ADD, A, dtype), xf, acc)
             if GATED:
-                zw2, s2, q2 = ring_read(ring_w2, ring_z2, ring_s2, slot, LQ)
+                q2, zw2, s2 = ring_read(ring_w2, ring_z2, ring_s2, slot, LQ)
                 acc2 = mma_v2(unpack_fragment(q2, zw2, s2, zshift, ZP_ADD, A, dtype), xf, acc2)
             if not X_SHARED:
                 xv = xn

@@ -130,9 +130,10 @@ if gluon is not None:
         wb = gl.arange(0, NB, layout=gl.SliceLayout(1, gl.SliceLayout(2, CW)))
         wt = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, CW)))
         wn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(1, CW)))
-        N8 = N // 8                                    # N * 8: whole 16-byte runs (for the compiler's alignment)
+        N8 = N // 8                       # N as N8 * 8: the compiler then knows each row starts on a 16-byte run
         rows = kb * (BK // 8) + wb[:, None, None] * 4 + wt[None, :, None]
-        async_load(ring_w.index(slot), qw_ptr + rows * N8 * 8 + wn[None, None, :], mask=(wn < N8 * 8)[None, None, :] & ok)
+        async_load(ring_w.index(slot), qw_ptr + rows * N8 * 8 + wn[None, None, :],
+                   mask=(wn < N8 * 8)[None, None, :] & ok)
         CS: gl.constexpr = row_copy_layout(BN, 8, NW)
         sn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, CS))
         sg = (kb * BK + gl.arange(0, NBG, layout=gl.SliceLayout(1, CS)) * (BK // NBG)) // GROUP
@@ -145,8 +146,8 @@ if gluon is not None:
 
     @gluon.jit
     def ring_read(ring_w, ring_z, ring_s, slot, LQ: gl.constexpr):
-        """Ring slot `slot` as _loads gives a step: words [BN, NB, 4] in LQ, zero words and scales [BN, NBG]."""
+        """Ring slot `slot` as step_loads gives a step: words [BN, NB, 4] in LQ, zero words and scales [BN, NBG]."""
         q = ring_w.index(slot).permute((2, 0, 1)).load(LQ)
         zw = ring_z.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
         s = ring_s.index(slot).permute((1, 0)).load(gl.SliceLayout(2, LQ))
-        return zw, s, q
+        return q, zw, s
