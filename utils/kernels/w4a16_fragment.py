@@ -72,7 +72,8 @@ if gluon is not None:
     @gluon.jit
     def _ring_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n, first, last, zshift,
                    GROUP: gl.constexpr, ZP_ADD: gl.constexpr, BLOCK_M: gl.constexpr, BN: gl.constexpr,
-                   STAGES: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr):
+                   STAGES: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr, LQ: gl.constexpr,
+                   LX: gl.constexpr, MMA: gl.constexpr):
         """Steps first..last-1 with the weight streamed through a ring of STAGES slots in shared memory
         (cp.async, STAGES - 1 steps ahead, one barrier a step); x too when X_SHARED, else each warp loads
         its own one step ahead. The products and their order are the register loop's: the same bits."""
@@ -80,9 +81,6 @@ if gluon is not None:
         BK: gl.constexpr = 128
         NB: gl.constexpr = BK // 32
         NBG: gl.constexpr = 1 if GROUP >= BK else NB            # group rows a step reads
-        LQ: gl.constexpr = word_layout(BN, NB, NW)
-        LX: gl.constexpr = x_layout(BLOCK_M, NB, NW)
-        MMA: gl.constexpr = acc_layout(NW)
         A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
         B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -152,16 +150,14 @@ if gluon is not None:
     @gluon.jit
     def _register_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n, first, last,
                        zshift, GROUP: gl.constexpr, ZP_ADD: gl.constexpr, BLOCK_M: gl.constexpr, BN: gl.constexpr,
-                       DEPTH: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr):
+                       DEPTH: gl.constexpr, GATED: gl.constexpr, X_SHARED: gl.constexpr, LQ: gl.constexpr,
+                       LX: gl.constexpr, MMA: gl.constexpr):
         """Steps first..last-1 with each step's words, zero words and scales loaded into registers DEPTH
         steps ahead; x by each warp (DEPTH steps ahead), or when X_SHARED once per program and step into a
         double buffer in shared memory (DEPTH 1)."""
         NW: gl.constexpr = gl.num_warps()
         BK: gl.constexpr = 128
         NB: gl.constexpr = BK // 32
-        LQ: gl.constexpr = word_layout(BN, NB, NW)
-        LX: gl.constexpr = x_layout(BLOCK_M, NB, NW)
-        MMA: gl.constexpr = acc_layout(NW)
         A: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
         B: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
         dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -244,19 +240,23 @@ if gluon is not None:
         BK: gl.constexpr = 128
         NB: gl.constexpr = BK // 32
         MMA: gl.constexpr = acc_layout(NW)
+        LQ: gl.constexpr = word_layout(BN, NB, NW)
+        LX: gl.constexpr = x_layout(BLOCK_M, NB, NW)
         pid_n = gl.program_id(0)
         nkb = K // BK
         per = gl.cdiv(nkb, SPLIT_K)
         first = gl.program_id(1) * per
         last = gl.minimum(first + per, nkb)
-        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, word_layout(BN, NB, NW))))
+        rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
         zshift = (rn % 8) * 4
         if STAGES == 0:
             acc, acc2 = _register_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n,
-                                       first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, DEPTH, GATED, X_SHARED)
+                                       first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, DEPTH, GATED, X_SHARED,
+                                       LQ, LX, MMA)
         else:
             acc, acc2 = _ring_loop(x_ptr, qw_ptr, qz_ptr, s_ptr, qw2_ptr, qz2_ptr, s2_ptr, M, N, stride_xm, pid_n,
-                                   first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, STAGES, GATED, X_SHARED)
+                                   first, last, zshift, GROUP, ZP_ADD, BLOCK_M, BN, STAGES, GATED, X_SHARED,
+                                   LQ, LX, MMA)
         rno = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
