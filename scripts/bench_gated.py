@@ -93,9 +93,8 @@ def main(argv=None) -> int:
         tile = w4a16.w4a16_default_tile(M, K, N, 128, torch.cuda.get_device_properties(0).multi_processor_count,
                                         w4a16.w4a16_default_unpack(gs.dtype, False, x, 128), gated=True)
         if tile.unpack == "fragment":            # the weights the other way: registers or the ring in shared memory
-            ring = tile.num_stages >= w4a16_fragment.RING_FROM
-            other = dataclasses.replace(tile, num_stages=w4a16_fragment.DEPTH if ring else w4a16_fragment.RING_STAGES)
-            row["default_stages"] = tile.num_stages
+            other = dataclasses.replace(tile, num_stages=w4a16_fragment.other_way(tile.num_stages))
+            row["w_other_way_stages"] = other.num_stages
             row["w_other_way_us"] = cold_us(lambda *a: fused(*a, other), ops)
             row["w_other_way_same_bits"] = torch.equal(fused(*ops, other), y)
         row["fused_rel"] = metrics.relative_l2(y.cpu(), ref)
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print({k: (round(v, 2) if isinstance(v, float) and v > 1e-3 else v) for k, v in row.items()}, flush=True)
         if args.sweep:
-            unpack = w4a16.w4a16_default_unpack(gs.dtype, False, x, 128)      # the kernel the fused call runs
+            unpack = tile.unpack                                           # the kernel the fused call runs
             stages = (1, w4a16_fragment.RING_STAGES)
             grid = itertools.product((64, 128), (1, 2, 4, 7), stages) if unpack == "fragment" else \
                 itertools.product((32, 64, 128), (1, 2, 4, 7), (2, 3, 4))
@@ -138,7 +137,7 @@ def markdown(meta, rows, sweep) -> str:
            "(registers or the ring) us (same bits) | bf16 | fused rel | unfused rel "
            "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 11]
     for r in rows:
-        way = "registers" if r.get("default_stages", 0) >= w4a16_fragment.RING_FROM else "ring"
+        way = "ring" if r.get("w_other_way_stages", 0) >= w4a16_fragment.RING_FROM else "registers"
         other = f"{r['w_other_way_us']:.1f} ({way}: {r['w_other_way_same_bits']})" if "w_other_way_us" in r else "-"
         out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['fused_plain_us']:.1f} "
                    f"| {r['fused_pdl_us']:.1f} | {other} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} "

@@ -147,9 +147,7 @@ def main(argv=None) -> int:
                                                (x, qw, qz, s))
                 w4a16_fragment.SHARED_X_FROM = default
             if tile.unpack == "fragment":            # the weight the other way (registers or the ring)
-                ring = tile.num_stages >= w4a16_fragment.RING_FROM
-                stages = w4a16_fragment.DEPTH if ring else w4a16_fragment.RING_STAGES
-                other = dataclasses.replace(tile, num_stages=stages)
+                other = dataclasses.replace(tile, num_stages=w4a16_fragment.other_way(tile.num_stages))
                 row["w_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=other),
                                                            y)
                 row["w_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1,

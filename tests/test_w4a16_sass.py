@@ -13,12 +13,16 @@ sys.path.insert(0, str(SCRIPTS))
 import w4a16_sass  # noqa: E402
 
 
+def compile_sass(arch, out, *args):
+    """scripts/w4a16_sass.py in its own process (the kernels compiled, not interpreted as this suite imports
+    them), its SASS and table written to `out`."""
+    subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), *args, "--out", str(out)],
+                   check=True, env={**os.environ, "TRITON_INTERPRET": "0"}, capture_output=True, timeout=240)
+
+
 @pytest.mark.parametrize("arch,tensor_op", [(90, "HGMMA"), (89, "HMMA")])
 def test_ptx_unpacking_assembles_and_takes_fewer_instructions_than_joins(arch, tensor_op, tmp_path):
-    # its own process: the kernels must be compiled, not interpreted (this suite imports them interpreted)
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "join", "ptx",
-                    "--out", str(tmp_path)], check=True, env=env, capture_output=True, timeout=240)
+    compile_sass(arch, tmp_path, "--unpack", "join", "ptx")
     loops = {u: w4a16_sass.loop_body((tmp_path / f"sass_{u}.txt").read_text()) for u in ("join", "ptx")}
     for unpack, ops in loops.items():
         assert tensor_op in ops, (arch, unpack)                 # the tile product on the tensor cores
@@ -38,12 +42,9 @@ def test_the_fragment_kernel_moves_no_unpacked_weight_through_shared_memory(arch
     from utils.kernels import w4a16_fragment
     if w4a16_fragment.w4a16_fragment_kernel is None:
         pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
     for gated in (False, True):
         out = tmp_path / str(gated)
-        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "ptx",
-                        "fragment", "--stages", "1", "--out", str(out)] + (["--gated"] if gated else []),
-                       check=True, env=env, capture_output=True, timeout=240)
+        compile_sass(arch, out, "--unpack", "ptx", "fragment", "--stages", "1", *(["--gated"] if gated else []))
         sass = (out / "sass_fragment.txt").read_text()
         ops = w4a16_sass.loop_body(sass)
         assert ops.count("HMMA") == (32 if gated else 16), (arch, gated)     # 64 x 16 x 128 in m16n8k16 per warp
@@ -53,9 +54,7 @@ def test_the_fragment_kernel_moves_no_unpacked_weight_through_shared_memory(arch
         assert {"STS", "LDSM"} <= set(w4a16_sass.loop_body((out / "sass_ptx.txt").read_text()))
         # one row (compiled apart): each warp loads its own x, and no shared memory at all
         one = tmp_path / f"{gated}-one-row"
-        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "fragment",
-                        "--stages", "1", "--one-row", "--out", str(one)] + (["--gated"] if gated else []),
-                       check=True, env=env, capture_output=True, timeout=240)
+        compile_sass(arch, one, "--unpack", "fragment", "--stages", "1", "--one-row", *(["--gated"] if gated else []))
         kernel = w4a16_sass.OP.findall((one / "sass_fragment.txt").read_text())
         assert not {"STS", "LDS", "LDSM", "BAR"} & set(kernel), (arch, gated)
 
@@ -69,13 +68,10 @@ def test_the_ring_streams_the_weight_into_shared_memory_without_registers(arch, 
     from utils.kernels import w4a16_fragment
     if w4a16_fragment.w4a16_fragment_kernel is None:
         pytest.skip("this Triton's Gluon has no mma_v2 (3.6 or later): the Triton kernel serves every call")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
     regs = {}
     for stages in (1, w4a16_fragment.RING_STAGES):
         out = tmp_path / str(stages)
-        subprocess.run([sys.executable, str(SCRIPTS / "w4a16_sass.py"), "--arch", str(arch), "--unpack", "fragment",
-                        "--block-n", "128", "--stages", str(stages), "--out", str(out)],
-                       check=True, env=env, capture_output=True, timeout=240)
+        compile_sass(arch, out, "--unpack", "fragment", "--block-n", "128", "--stages", str(stages))
         row = next(ln for ln in (out / "w4a16_sass.md").read_text().splitlines() if ln.startswith("| fragment"))
         regs[stages] = int(row.split("|")[2])
         ops = w4a16_sass.loop_body((out / "sass_fragment.txt").read_text())

@@ -52,13 +52,19 @@ PROGRAMS_PER_SM = 4                                    # the split-K's aim (more
 SHARED_X_FROM = 8
 # A tile's num_stages from RING_FROM on: the weight streamed through a ring of that many slots in shared memory
 # (cp.async), so bytes stay in flight without holding registers; below it, loaded into registers num_stages
-# (1 or 2) steps ahead. Settings benchmarks flip, part of a plan's key.
+# (1 or 2) steps ahead. At most MAX_STAGES slots.
 RING_FROM, MAX_STAGES = 3, 8
 # A call gets the ring from RING_ROWS rows, of RING_STAGES slots (kept run 20261127-w4a16-ring-h100, runs 1-2):
 # at 16 rows the registers that held the next step's words are freed (164 -> 96 a thread), more programs fit an
 # SM, and gate/up, down and q/o ran 10-15 % faster; at 1, 2 and 4 rows the register loop was faster. More
 # slots: fewer programs per SM, slower.
 RING_ROWS, RING_STAGES = 8, 3
+
+
+def other_way(num_stages: int) -> int:
+    """The num_stages that moves the weight the other way (the same bits): the register loop's for a ring,
+    the default ring's for the register loop. What benchmarks time beside a tile."""
+    return DEPTH if num_stages >= RING_FROM else RING_STAGES
 
 
 def pipeline(M: int, num_stages: int) -> dict:
