@@ -45,6 +45,14 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
+build_pair() {   # a warm machine keeps the pair of an earlier call (built aside, then moved into place)
+  [ -f "$W/models/build.json" ] && { say "the 7B-shaped pair of an earlier call is here"; return 0; }
+  say "building the 7B-shaped pair"
+  rm -rf "$W/models.partial"
+  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models.partial" --data "$W/gsm8k" > /tmp/build.log 2>&1 \
+    && mv "$W/models.partial" "$W/models" || { say "build failed"; tail -20 /tmp/build.log; return 3; }
+}
+
 say "Marlin: building in the background"
 MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
@@ -75,8 +83,7 @@ if [ "${1:-all}" = gated ]; then
       ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
   fi
   if [[ $STEPS == *" lab03 "* || $STEPS == *" profile "* ]]; then
-    say "building the 7B-shaped pair"
-    timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
+    build_pair || exit 3
   fi
   for step in $STEPS; do
     case $step in
@@ -120,8 +127,7 @@ if [ "${1:-all}" = model ]; then
     for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
       ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
   fi
-  say "building the 7B-shaped pair"
-  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models" --data "$W/gsm8k" > /tmp/build.log 2>&1 || { say "build failed"; tail -20 /tmp/build.log; exit 3; }
+  build_pair || exit 3
   say "Lab 03 settings (${LAB03_LIMIT:-64} problems)"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-200}" \
     python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
@@ -177,12 +183,7 @@ if [ ! -f "$W/gsm8k/test.jsonl" ]; then
   for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
     ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl" || say "no .gsm8k carried"; done
 fi
-if [ ! -f "$W/models/build.json" ]; then
-  say "building the 7B-shaped pair"
-  rm -rf "$W/models.partial"
-  timeout 150 python3 scripts/make_7b_pair.py --out "$W/models.partial" --data "$W/gsm8k" > /tmp/build.log 2>&1 \
-    && mv "$W/models.partial" "$W/models" || { say "build failed"; tail -20 /tmp/build.log; }
-fi
+build_pair
 
 say "kernel bench (Marlin's columns come later, once it is built)"
 sweep=; [ "${SWEEP:-0}" = 1 ] && sweep=--sweep

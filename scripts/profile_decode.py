@@ -18,12 +18,15 @@ for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-ste
 decode the last tokens of every row on the host, every step). Needs the models' tokenizers. --int4-unfused:
 the Int4 model once more with each gated MLP's gate and up as two launches and torch's silu (what the fused
 launch, QuantlabGatedMLP, replaced), to measure what the fusion saves per step. --int4-pdl: once more with
-the split-K sum kernel launched as a programmatic dependent (utils.kernels.w4a16.SUM_PDL).
+the split-K sum kernel launched as a programmatic dependent (utils.kernels.w4a16.SUM_PDL). Every profile
+also lists the host's events per step (torch ops, the compiled region, CUDA runtime calls); --host adds
+cProfile's split of the host's Python per step (what the GPU waits for when the step is bound by the host).
 Writes profile_decode.md and profile_decode.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -47,6 +50,22 @@ def group_of(name: str) -> str:
 
 
 ATTENTIONS = ("sdpa", "sdpa_grouped")
+VARIANTS = ("default", "no_cudagraph_trees", "skip_guard_eval")
+
+
+@contextlib.contextmanager
+def compiled_as(variant: str, phase: str):
+    """The compile settings of `variant` around the compile ("compile") or the timed generates ("run"):
+    no_cudagraph_trees replays one plain CUDA graph per compiled graph instead of cudagraph trees;
+    skip_guard_eval runs a warmed-up step without evaluating its guards (torch's own "unsafe" stance)."""
+    if variant == "no_cudagraph_trees":
+        with torch._inductor.config.patch({"triton.cudagraph_trees": False}):
+            yield
+    elif variant == "skip_guard_eval" and phase == "run":
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            yield
+    else:
+        yield
 
 
 def lm_eval_stops(tokenizer, ids):
@@ -107,17 +126,46 @@ def wall_ms(model, ids, cache, short, long, stops=None) -> float:
     return sorted(walls)[1]
 
 
-def kernel_us(model, ids, new, cache) -> dict:
+def kernel_us(model, ids, new, cache) -> tuple[dict, dict]:
+    """GPU µs and launches per kernel name, and host µs (inclusive) and count per CPU event name (torch ops,
+    the compiled region, CUDA runtime calls such as cudaGraphLaunch), over one generate."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         generate(model, ids, new, cache)
-    out = defaultdict(lambda: [0.0, 0])
+    gpu, cpu = defaultdict(lambda: [0.0, 0]), defaultdict(lambda: [0.0, 0])
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0 and "Memcpy" not in e.name \
                 and "Memset" not in e.name:
-            out[e.name][0] += e.device_time_total
-            out[e.name][1] += 1
-    return out
+            gpu[e.name][0] += e.device_time_total
+            gpu[e.name][1] += 1
+        elif e.device_type == torch.autograd.DeviceType.CPU:
+            cpu[e.name][0] += e.cpu_time_total
+            cpu[e.name][1] += 1
+    return gpu, cpu
+
+
+def per_step_of(long: dict, short: dict, steps: int) -> dict:
+    """(µs, count) per decode step for each name: the long run minus the short one, over the extra steps."""
+    return {n: ((v[0] - short.get(n, [0, 0])[0]) / steps, (v[1] - short.get(n, [0, 0])[1]) / steps)
+            for n, v in long.items()}
+
+
+def python_us(model, ids, cache, short, long) -> list:
+    """Where the host's Python time goes per decode step: cProfile over a short and a long generate, each
+    function's cumulative and own µs per extra step (cProfile slows Python down: read it as a split)."""
+    import cProfile
+    import pstats
+
+    def stats(new):
+        prof = cProfile.Profile()
+        prof.enable()
+        generate(model, ids, new, cache)
+        prof.disable()
+        return {f"{Path(k[0]).name}:{k[1]}({k[2]})": (v[3], v[2]) for k, v in pstats.Stats(prof).stats.items()}
+    a, b = stats(short), stats(long)
+    rows = [[n, 1e6 * (cum - a.get(n, (0, 0))[0]) / (long - short), 1e6 * (own - a.get(n, (0, 0))[1]) / (long - short)]
+            for n, (cum, own) in b.items()]
+    return sorted(rows, key=lambda r: -r[1])[:40]
 
 
 class TwoLaunchMLP(torch.nn.Module):
@@ -139,10 +187,34 @@ def unfuse(model) -> int:
     return len(names)
 
 
+def measure(model, ids, cache, short, long, python: bool, tok) -> dict:
+    """One compiled model's step: wall ms, kernels and host events per step (tok: also with lm-eval's stops;
+    python: also cProfile's split of the host's Python)."""
+    ms = wall_ms(model, ids, cache, short, long)
+    (a, a_cpu), (b, b_cpu) = kernel_us(model, ids, short, cache), kernel_us(model, ids, long, cache)
+    per_step, host = per_step_of(b, a, long - short), per_step_of(b_cpu, a_cpu, long - short)
+    groups = defaultdict(float)
+    for n, (us, _) in per_step.items():
+        groups[group_of(n)] += us
+    busy = sum(groups.values()) / 1e3
+    res = {"ms_per_step": ms, "kernel_ms_per_step": busy, "idle_ms_per_step": ms - busy,
+           "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
+           "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
+           "host_events": sorted(([n, us, c] for n, (us, c) in host.items()), key=lambda r: -r[1])[:30]}
+    if python:
+        res["python"] = python_us(model, ids, cache, short, long)
+    if tok is not None:
+        with_stops = wall_ms(model, ids, cache, short, long, lambda x: lm_eval_stops(tok, x))
+        res.update(ms_per_step_lm_eval_stops=with_stops, lm_eval_stops_ms_per_step=with_stops - ms)
+    return res
+
+
 def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool,
-                  two_launch_mlp: bool = False, pdl: bool = False) -> list[dict]:
-    """One profile of the model at `path` per attention in `attentions` (two_launch_mlp: unfuse it first;
-    pdl: its W4A16 sum kernels launched with PDL)."""
+                  two_launch_mlp: bool = False, pdl: bool = False, python: bool = False,
+                  variants=("default",)) -> list[dict]:
+    """One profile of the model at `path` per attention in `attentions` and compile variant in `variants`
+    (two_launch_mlp: unfuse it first; pdl: its W4A16 sum kernels launched with PDL; python: also cProfile
+    the host's Python per step)."""
     from utils.kernels import w4a16
     w4a16.SUM_PDL = pdl
     from transformers import AutoTokenizer, StaticCache
@@ -160,27 +232,16 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
     ids = torch.randint(100, vocab - 100, (batch, prompt), generator=torch.Generator().manual_seed(0)).cuda()
     layers = sorted((gptq_kernel_classes(model) or []) + (["TwoLaunchMLP"] if two_launch_mlp else []))
     runs = []
-    for attention in attentions:
+    for attention, variant in [(a, v) for a in attentions for v in variants]:
         set_attention(model, attention)
         cache = StaticCache(config=model.config, max_cache_len=cache_len)
-        first, _ = generate(model, ids, short, cache)                      # compiles
-        generate(model, ids, short, cache)
-        ms = wall_ms(model, ids, cache, short, long)
-        a, b = kernel_us(model, ids, short, cache), kernel_us(model, ids, long, cache)
-        per_step = {n: ((b[n][0] - a.get(n, [0, 0])[0]) / (long - short),
-                        (b[n][1] - a.get(n, [0, 0])[1]) / (long - short)) for n in b}
-        groups = defaultdict(float)
-        for n, (us, _) in per_step.items():
-            groups[group_of(n)] += us
-        busy = sum(groups.values()) / 1e3
-        res = {"model": str(path), "gptq_backend": backend, "attention": attention, "first_generate_s": first,
-               "ms_per_step": ms, "kernel_ms_per_step": busy, "idle_ms_per_step": ms - busy,
-               "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
-               "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
-               "layers": layers + (["sum kernel with PDL"] if pdl else [])}
-        if tok is not None:
-            with_stops = wall_ms(model, ids, cache, short, long, lambda x: lm_eval_stops(tok, x))
-            res.update(ms_per_step_lm_eval_stops=with_stops, lm_eval_stops_ms_per_step=with_stops - ms)
+        with compiled_as(variant, "compile"):
+            first, _ = generate(model, ids, short, cache)                  # compiles
+            generate(model, ids, short, cache)
+            with compiled_as(variant, "run"):
+                res = measure(model, ids, cache, short, long, python, tok)
+        res.update(model=str(path), gptq_backend=backend, attention=attention, compile_variant=variant,
+                   first_generate_s=first, layers=layers + (["sum kernel with PDL"] if pdl else []))
         runs.append(res)
         del cache
     del model
@@ -208,6 +269,10 @@ def main(argv=None) -> int:
                     help="also profile the Int4 model with each gated MLP's gate and up as two launches")
     ap.add_argument("--int4-pdl", action="store_true",
                     help="also profile the Int4 model with its split-K sum kernels launched with PDL")
+    ap.add_argument("--host", action="store_true",
+                    help="also split the host's time per step: cProfile's Python functions")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=["default"],
+                    help="compile settings to profile each model under (default: transformers' own)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if len(set(args.attention)) != len(args.attention):
@@ -226,9 +291,11 @@ def main(argv=None) -> int:
     models += [(args.int4, args.gptq_backend, False, True)] if args.int4_pdl else []
     for path, backend, two, pdl in models:
         runs += profile_model(path, backend or "auto", args.attention, args.batch, args.prompt, args.cache,
-                              args.short, args.long, args.lm_eval_stops, two, pdl)
-        for r in runs[-len(args.attention):]:
-            print(json.dumps({k: v for k, v in r.items() if k != "kernels"}), flush=True)
+                              args.short, args.long, args.lm_eval_stops, two, pdl, args.host,
+                              args.variants)
+        for r in runs[-len(args.attention) * len(args.variants):]:
+            print(json.dumps({k: v for k, v in r.items() if k not in ("kernels", "host_events", "python")}),
+                  flush=True)
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": args.batch,
                 "prompt": args.prompt, "cache": args.cache, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "command": "python scripts/profile_decode.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -244,21 +311,30 @@ def markdown(meta, runs) -> str:
     out = [f"# A compiled decode step, split by torch's profiler, on {meta['device']} ({meta['date']})", "",
            f"torch {meta['torch']}; batch {meta['batch']}, random prompts of {meta['prompt']} tokens, static cache "
            f"{meta['cache']}, greedy. Command: `{meta['command']}`.", "",
-           "| model | attention | GPTQ layers | ms per step (wall) | " + "".join(f"{e} | " for e in extra)
+           "| model | attention | compile | GPTQ layers | ms per step (wall) | " + "".join(f"{e} | " for e in extra)
            + "kernels ms | idle ms | " + " | ".join(g for g, _ in GROUPS) + " |",
-           "|" + "---|" * (6 + len(extra) + len(GROUPS))]
+           "|" + "---|" * (7 + len(extra) + len(GROUPS))]
     for r in runs:
         g = r["groups_ms_per_step"]
         cells = [f"{r[k]:.2f}" if r.get(k) is not None else "-"
                  for k in ("ms_per_step_lm_eval_stops", "lm_eval_stops_ms_per_step")] if stops else []
-        out.append(f"| {Path(r['model']).name} | {r.get('attention', 'sdpa')} | {', '.join(r['layers']) or '-'} "
+        out.append(f"| {Path(r['model']).name} | {r.get('attention', 'sdpa')} | {r.get('compile_variant', 'default')} "
+                   f"| {', '.join(r['layers']) or '-'} "
                    f"| {r['ms_per_step']:.2f} | " + "".join(f"{c} | " for c in cells)
                    + f"{r['kernel_ms_per_step']:.2f} | {r['idle_ms_per_step']:.2f} | "
                    + " | ".join(f"{g.get(k, 0.0):.2f}" for k, _ in GROUPS) + " |")
     for r in runs:
-        out += ["", f"Top kernels per decode step, {Path(r['model']).name}, attention {r.get('attention', 'sdpa')}:",
+        which = f"{Path(r['model']).name}, attention {r.get('attention', 'sdpa')}, {r.get('compile_variant', 'default')}"
+        out += ["", f"Top kernels per decode step, {which}:",
                 "", "| kernel | us per step | launches per step |", "|---|---|---|"]
         out += [f"| `{n[:90]}` | {us:.1f} | {c:.1f} |" for n, us, c in r["kernels"][:25]]
+        out += ["", f"Host events per decode step (torch's profiler, inclusive), {which}:", "",
+                "| event | us per step | count per step |", "|---|---|---|"]
+        out += [f"| `{n[:90]}` | {us:.1f} | {c:.1f} |" for n, us, c in r.get("host_events", [])[:20]]
+        if r.get("python"):
+            out += ["", f"Python per decode step (cProfile, slowed by it), {which}:", "",
+                    "| function | cumulative us per step | own us per step |", "|---|---|---|"]
+            out += [f"| `{n[:90]}` | {cum:.1f} | {own:.1f} |" for n, cum, own in r["python"][:30]]
     return "\n".join(out) + "\n"
 
 

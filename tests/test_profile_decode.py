@@ -98,8 +98,54 @@ def test_markdown_names_the_attention_and_the_stop_cost_when_measured(stops):
     table = [ln for ln in md.splitlines() if ln.startswith("| ") and "kernels ms" in ln or ln.startswith("| bf16")]
     assert len({ln.count("|") for ln in table}) == 1 and len(table) == 3          # header and rows line up
     assert ("lm-eval's stop check ms" in md) == stops and ("| 12.50 | 2.50 |" in md) == stops
-    assert "| bf16-0 | sdpa |" in md and "| bf16-1 | sdpa_grouped |" in md
-    assert "attention sdpa_grouped:" in md
+    assert "| bf16-0 | sdpa | default |" in md and "| bf16-1 | sdpa_grouped | default |" in md
+    assert "attention sdpa_grouped, default:" in md
+
+
+def test_markdown_adds_the_host_split_when_measured():
+    meta = {"device": "H100", "date": "today", "torch": "2.x", "batch": 16, "prompt": 700, "cache": 2048,
+            "command": "python scripts/profile_decode.py --host"}
+    r = {**_run(0), "compile_variant": "skip_guard_eval", "host_events": [["cudaGraphLaunch", 310.0, 1.0]],
+         "python": [["utils.py:3122(_sample)", 2900.0, 40.0]]}
+    md = prof.markdown(meta, [r, _run(1)])
+    assert "| bf16-0 | sdpa_grouped | skip_guard_eval |" in md
+    assert "| `cudaGraphLaunch` | 310.0 | 1.0 |" in md and "| `utils.py:3122(_sample)` | 2900.0 | 40.0 |" in md
+    assert md.count("Python per decode step") == 1                 # only the run that measured it
+
+
+def test_per_step_subtracts_the_short_run_and_divides_by_the_extra_steps():
+    long, short = {"k": [900.0, 30], "new": [64.0, 32]}, {"k": [100.0, 10]}
+    assert prof.per_step_of(long, short, 32) == {"k": (25.0, 20 / 32), "new": (2.0, 1.0)}
+
+
+def test_python_split_names_the_decode_loop(tok, monkeypatch):
+    """cProfile over a short and a long generate of the fixture: transformers' decode loop and the model's
+    forward are among the functions that take time per extra step, none negative beyond noise."""
+    from transformers import AutoModelForCausalLM, StaticCache
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    model = AutoModelForCausalLM.from_pretrained(str(FIX), dtype=torch.float32).eval()
+    ids = tok(["Question: 2 + 2?\nAnswer:"], return_tensors="pt")["input_ids"]
+    rows = prof.python_us(model, ids, StaticCache(config=model.config, max_cache_len=128), 2, 10)
+    names = [n for n, _, _ in rows]
+    assert any("(_sample)" in n for n in names) and any("(forward)" in n for n in names)
+    assert all(cum >= own - 1.0 for _, cum, own in rows) and rows == sorted(rows, key=lambda r: -r[1])
+
+
+def test_compile_variants_set_what_they_name_and_restore_it():
+    from torch._dynamo.eval_frame import _is_skip_guard_eval_unsafe_stance as skipping
+    from torch._inductor import config
+
+    with prof.compiled_as("no_cudagraph_trees", "compile"):
+        assert config.triton.cudagraph_trees is False
+    assert config.triton.cudagraph_trees is True
+    with prof.compiled_as("skip_guard_eval", "compile"):
+        assert not skipping()                            # guards run while it compiles
+        with prof.compiled_as("skip_guard_eval", "run"):
+            assert skipping()
+    assert not skipping()
+    with prof.compiled_as("default", "run"):
+        assert config.triton.cudagraph_trees is True and not skipping()
 
 
 @pytest.mark.parametrize("extra, says", [(["--attention", "sdpa", "sdpa"], "--attention: .* names one twice"),
