@@ -22,7 +22,8 @@
 # fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
 # sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
-# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
+# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120), a decode step's attention
+# (attention: scripts/bench_decode_attention.py),
 # the trained fixture through quantlab against gptq_torch (fixture).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
@@ -53,8 +54,10 @@ build_pair() {   # a warm machine keeps the pair of an earlier call (built aside
     && mv "$W/models.partial" "$W/models" || { say "build failed"; tail -20 /tmp/build.log; return 3; }
 }
 
-say "Marlin: building in the background"
-MAX_JOBS=8 python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
+MARLIN=
+case "${1:-all}" in gated|model) ;;   # host-bound timings there: no compiler running beside them
+  *) say "Marlin: building in the background (its own process group)"
+     MAX_JOBS=8 setsid python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
 from utils import gptq, gptq_kernels
 qw, qz, s = gptq.pack_gptq_int4(torch.randn(256, 256), 128)
@@ -62,7 +65,8 @@ m = gptq_kernels.build_kernel("gptq_marlin", {"qweight": qw, "qzeros": qz, "scal
                               compile_extensions=True)
 print("marlin built", type(m).__name__, m(torch.randn(1, 256, device="cuda", dtype=torch.float16)).shape)
 EOF
-MARLIN=$!
+     MARLIN=$! ;;
+esac
 
 if [ "${1:-all}" = gated ]; then
   STEPS=" ${GATED_STEPS:-tests bench lab03 profile} "
@@ -70,7 +74,6 @@ if [ "${1:-all}" = gated ]; then
     TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
       tee "$OUT/tests.log" | tail -2
   fi
-  kill $MARLIN 2>/dev/null
   if [[ $STEPS == *" bench "* ]]; then
     say "gate and up: fused against two launches"
     timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows ${GATED_ROWS:-1 16} ${GATED_SWEEP---sweep} 2>&1 |
@@ -100,6 +103,10 @@ if [ "${1:-all}" = gated ]; then
           --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
           grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
         cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
+      attention)
+        say "a decode step's attention: grouped SDPA rows against FlexAttention"
+        timeout 150 python3 scripts/bench_decode_attention.py --out /tmp/attn 2>&1 | grep -v "^INFO\|gc.collect" | tail -12
+        cp /tmp/attn/bench_decode_attention.* "$OUT/" 2>/dev/null ;;
       fixture)
         say "the trained fixture: quantlab against gptq_torch"
         timeout 170 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 |
@@ -116,7 +123,6 @@ if [ "${1:-all}" = gated ]; then
 fi
 if [ "${1:-all}" = model ]; then
   TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
-  kill $MARLIN 2>/dev/null
   if [ "${KBENCH:-0}" = 1 ]; then
     timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
       grep -v "^|" | tail -12

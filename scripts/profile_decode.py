@@ -1,7 +1,7 @@
 """Where a compiled decode step's time goes, BF16 against Int4 (one GPTQ kernel), by torch's profiler.
 
     python scripts/profile_decode.py --golden DIR --int4 DIR --gptq-backend quantlab --out DIR [--batch 16]
-        [--attention sdpa sdpa_grouped] [--lm-eval-stops]
+        [--attention sdpa sdpa_grouped sdpa_grouped_rows] [--lm-eval-stops] [--host] [--variants ...]
 
 Each model is loaded as the labs load it (utils.models.load_model), then `generate` runs greedy from a
 batch of random prompts of --prompt tokens with a static cache of --cache tokens, so transformers
@@ -13,7 +13,8 @@ other kernels, and the GPU's idle time within the step (wall minus kernels: the 
 --attention names the attention each model runs under, one profile per name (the model is loaded once and
 its decode step compiled again for each): "sdpa" is transformers' own, which copies the cache's K/V out to
 every query head; "sdpa_grouped" (the default; utils.attention) reads each K/V head once, as Lab 03's
-compiled decode does. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
+compiled decode does (FlexAttention in the decode step); "sdpa_grouped_rows" is the same with the grouped
+SDPA rows in the decode step too. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
 for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-step host cost: the criteria
 decode the last tokens of every row on the host, every step). Needs the models' tokenizers. --int4-unfused:
 the Int4 model once more with each gated MLP's gate and up as two launches and torch's silu (what the fused
@@ -49,7 +50,7 @@ def group_of(name: str) -> str:
     return next(g for g, keys in GROUPS if any(k in low for k in keys))
 
 
-ATTENTIONS = ("sdpa", "sdpa_grouped")
+ATTENTIONS = ("sdpa", "sdpa_grouped", "sdpa_grouped_rows")
 VARIANTS = ("default", "no_cudagraph_trees", "skip_guard_eval")
 
 
@@ -94,10 +95,12 @@ def ms_per_step(t_long: float, steps_long: int, t_short: float, steps_short: int
 def set_attention(model, name: str) -> str:
     """Switch the model to attention `name` and drop its compiled decode step, so the next generate
     compiles one that runs it."""
-    from utils.attention import use_grouped_attention
+    from utils import attention
 
-    if name == "sdpa_grouped":
-        use_grouped_attention(model)
+    attention.decode_kernel = "sdpa" if name == "sdpa_grouped_rows" else "flex"
+    if name.startswith("sdpa_grouped"):
+        attention.use_grouped_attention(model)
+        name = attention.NAME
     else:
         model.set_attn_implementation(name)
     if model.config._attn_implementation != name:

@@ -228,3 +228,64 @@ def test_compiled_decode_step_reads_the_unexpanded_cache(models):
             torch._dynamo.reset()
         assert torch.equal(out, eager)
         assert len(shapes) == model.config.num_hidden_layers and {s[1] for s in shapes} == {key_heads}
+
+
+# ---- a compiled one-token step: FlexAttention ----
+
+@pytest.mark.parametrize("float_mask", [False, True])
+def test_flex_decode_is_sdpa_over_the_same_keys_and_mask(float_mask):
+    """One query token per row, left padding and an unfilled static cache masked: FlexAttention (compiled by
+    inductor, GQA native) gives stock SDPA's output on the keys expanded to every head."""
+    b, hkv, groups, s = 3, 2, 7, 128
+    q, k, v = tensors(b, hkv, groups, 1, s, d=16)
+    mask = padded_causal_mask(b, 1, s, pad=[0, 3, 6])
+    mask[..., 100:] = False                                     # the cache's slots not written yet
+    if float_mask:
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    ref, _ = stock(module(groups), q, k, v, mask)
+    out = torch.compile(at.flex_decode, fullgraph=True)(q, k, v, mask)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert out.shape == (b, 1, hkv * groups, 16) and out.is_contiguous()
+
+
+def test_flex_is_used_only_for_a_compiled_one_token_step_on_its_devices(monkeypatch):
+    q1, q5 = torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 5, 8)
+    assert not at.uses_flex(q1)                                 # eager, and the CPU is not one of FLEX_DEVICES
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not at.uses_flex(q1)
+    monkeypatch.setattr(at, "FLEX_DEVICES", ("cuda", "cpu"))
+    assert at.uses_flex(q1) and not at.uses_flex(q5)            # a prompt keeps the grouped rows
+    monkeypatch.setattr(at, "decode_kernel", "sdpa")
+    assert not at.uses_flex(q1)
+    monkeypatch.setattr(at, "decode_kernel", "flash")
+    with pytest.raises(ValueError, match="attention.decode_kernel: 'flash' is not one of"):
+        at.uses_flex(q1)
+
+
+def test_compiled_decode_step_runs_flex_and_gives_the_eager_tokens(models, monkeypatch):
+    """The fixture's decode step compiled (fullgraph, dynamo's graph without inductor) with flex allowed on
+    the CPU: every layer's one-token attention is one flex_attention call and no SDPA, and the tokens are
+    the stock eager ones."""
+    from transformers import CompileConfig, StaticCache
+
+    monkeypatch.setattr(at, "FLEX_DEVICES", ("cuda", "cpu"))
+    tok, base, grouped = models
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    eager = base.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                          past_key_values=StaticCache(config=base.config, max_cache_len=64))
+    targets = []
+
+    def backend(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+    config = CompileConfig(fullgraph=True, backend=backend, mode=None, dynamic=False)
+    config._compile_all_devices = True
+    try:
+        out = grouped.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=0, compile_config=config,
+                               past_key_values=StaticCache(config=grouped.config, max_cache_len=64))
+    finally:
+        del grouped._compiled_call
+        torch._dynamo.reset()
+    assert torch.equal(out, eager)
+    assert sum("flex_attention" in t for t in targets) == grouped.config.num_hidden_layers
+    assert not any("scaled_dot_product" in t for t in targets)
