@@ -22,8 +22,7 @@
 # fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
 # sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
-# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120), a decode step's attention
-# (attention: scripts/bench_decode_attention.py),
+# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
 # the trained fixture through quantlab against gptq_torch (fixture).
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
@@ -103,10 +102,6 @@ if [ "${1:-all}" = gated ]; then
           --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
           grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
         cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
-      attention)
-        say "a decode step's attention: grouped SDPA rows against FlexAttention"
-        timeout 150 python3 scripts/bench_decode_attention.py --out /tmp/attn 2>&1 | grep -v "^INFO\|gc.collect" | tail -12
-        cp /tmp/attn/bench_decode_attention.* "$OUT/" 2>/dev/null ;;
       fixture)
         say "the trained fixture: quantlab against gptq_torch"
         timeout 170 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 |

@@ -1,7 +1,7 @@
 """Where a compiled decode step's time goes, BF16 against Int4 (one GPTQ kernel), by torch's profiler.
 
     python scripts/profile_decode.py --golden DIR --int4 DIR --gptq-backend quantlab --out DIR [--batch 16]
-        [--attention sdpa sdpa_grouped sdpa_grouped_rows] [--lm-eval-stops] [--host] [--variants ...]
+        [--attention sdpa sdpa_grouped] [--lm-eval-stops] [--host] [--variants ...]
 
 Each model is loaded as the labs load it (utils.models.load_model), then `generate` runs greedy from a
 batch of random prompts of --prompt tokens with a static cache of --cache tokens, so transformers
@@ -13,8 +13,7 @@ other kernels, and the GPU's idle time within the step (wall minus kernels: the 
 --attention names the attention each model runs under, one profile per name (the model is loaded once and
 its decode step compiled again for each): "sdpa" is transformers' own, which copies the cache's K/V out to
 every query head; "sdpa_grouped" (the default; utils.attention) reads each K/V head once, as Lab 03's
-compiled decode does (FlexAttention in the decode step); "sdpa_grouped_rows" is the same with the grouped
-SDPA rows in the decode step too. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
+compiled decode does. --lm-eval-stops also times the wall ms per step with lm-eval's own stopping criteria
 for gsm8k handed to `generate`, built as lm-eval's HFLM builds them (its per-step host cost: the criteria
 decode the last tokens of every row on the host, every step). Needs the models' tokenizers. --int4-unfused:
 the Int4 model once more with each gated MLP's gate and up as two launches and torch's silu (what the fused
@@ -50,17 +49,21 @@ def group_of(name: str) -> str:
     return next(g for g, keys in GROUPS if any(k in low for k in keys))
 
 
-ATTENTIONS = ("sdpa", "sdpa_grouped", "sdpa_grouped_rows")
-VARIANTS = ("default", "no_cudagraph_trees", "skip_guard_eval")
+ATTENTIONS = ("sdpa", "sdpa_grouped")
+VARIANTS = ("default", "no_cudagraph_trees", "skip_guard_eval", "freezing")
 
 
 @contextlib.contextmanager
 def compiled_as(variant: str, phase: str):
     """The compile settings of `variant` around the compile ("compile") or the timed generates ("run"):
     no_cudagraph_trees replays one plain CUDA graph per compiled graph instead of cudagraph trees;
-    skip_guard_eval runs a warmed-up step without evaluating its guards (torch's own "unsafe" stance)."""
+    skip_guard_eval runs a warmed-up step without evaluating its guards (torch's own "unsafe" stance);
+    freezing makes inductor treat the weights as constants (no longer inputs checked on every replay)."""
     if variant == "no_cudagraph_trees":
         with torch._inductor.config.patch({"triton.cudagraph_trees": False}):
+            yield
+    elif variant == "freezing":
+        with torch._inductor.config.patch(freezing=True):
             yield
     elif variant == "skip_guard_eval" and phase == "run":
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
@@ -95,12 +98,10 @@ def ms_per_step(t_long: float, steps_long: int, t_short: float, steps_short: int
 def set_attention(model, name: str) -> str:
     """Switch the model to attention `name` and drop its compiled decode step, so the next generate
     compiles one that runs it."""
-    from utils import attention
+    from utils.attention import use_grouped_attention
 
-    attention.decode_kernel = "sdpa" if name == "sdpa_grouped_rows" else "flex"
-    if name.startswith("sdpa_grouped"):
-        attention.use_grouped_attention(model)
-        name = attention.NAME
+    if name == "sdpa_grouped":
+        use_grouped_attention(model)
     else:
         model.set_attn_implementation(name)
     if model.config._attn_implementation != name:
@@ -238,13 +239,14 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
     for attention, variant in [(a, v) for a in attentions for v in variants]:
         set_attention(model, attention)
         cache = StaticCache(config=model.config, max_cache_len=cache_len)
+        torch.cuda.reset_peak_memory_stats()
         with compiled_as(variant, "compile"):
             first, _ = generate(model, ids, short, cache)                  # compiles
             generate(model, ids, short, cache)
             with compiled_as(variant, "run"):
                 res = measure(model, ids, cache, short, long, python, tok)
         res.update(model=str(path), gptq_backend=backend, attention=attention, compile_variant=variant,
-                   first_generate_s=first, layers=layers + (["sum kernel with PDL"] if pdl else []))
+                   first_generate_s=first, peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30, layers=layers + (["sum kernel with PDL"] if pdl else []))
         runs.append(res)
         del cache
     del model

@@ -19,7 +19,7 @@ def test_help_lists_the_attention_and_stop_options():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "profile_decode.py"), "--help"], capture_output=True,
                          text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert "--attention {sdpa,sdpa_grouped,sdpa_grouped_rows}" in out.stdout and "--lm-eval-stops" in out.stdout
+    assert "--attention {sdpa,sdpa_grouped}" in out.stdout and "--lm-eval-stops" in out.stdout
 
 
 def test_ms_per_step_counts_the_steps_made():
@@ -144,6 +144,9 @@ def test_compile_variants_set_what_they_name_and_restore_it():
         with prof.compiled_as("skip_guard_eval", "run"):
             assert skipping()
     assert not skipping()
+    with prof.compiled_as("freezing", "compile"):
+        assert config.freezing is True
+    assert config.freezing is False
     with prof.compiled_as("default", "run"):
         assert config.triton.cudagraph_trees is True and not skipping()
 

@@ -13,20 +13,12 @@ math as the stock path, no approximation.
 
 Where the rows trick does not apply, the call goes to transformers' own `sdpa_attention_forward`
 unchanged (`delegate_reason` says when, and why).
-
-A compiled decode step (one new token per row, on a GPU) runs FlexAttention instead (`flex_decode`):
-SDPA's fused kernels give each (row, key/value head) one program that walks the whole cache, 64 programs at
-batch 16, so most of the GPU waits; flex decoding splits the cache across programs and reads it at the
-memory's speed. Same keys, values and mask; the sum's order differs, so the last bits may.
 """
 from __future__ import annotations
 
 import torch
 
 NAME = "sdpa_grouped"
-DECODE_KERNELS = ("flex", "sdpa")
-decode_kernel = "flex"           # what a compiled one-token step runs; "sdpa": the grouped rows, to compare
-FLEX_DEVICES = ("cuda",)         # flex needs torch.compile, which the labs use on a GPU only
 
 
 def delegate_reason(module, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -78,32 +70,6 @@ def grouped_rows(query: torch.Tensor, mask: torch.Tensor | None, groups: int):
     return rows, mask.unsqueeze(2).expand(mb, 1, groups, length, s).reshape(mb, 1, groups * length, s)
 
 
-def uses_flex(query: torch.Tensor) -> bool:
-    """Whether this call is a compiled one-token decode step that flex_decode serves."""
-    if decode_kernel not in DECODE_KERNELS:
-        raise ValueError(f"attention.decode_kernel: {decode_kernel!r} is not one of {list(DECODE_KERNELS)}")
-    return (decode_kernel == "flex" and query.shape[2] == 1 and query.device.type in FLEX_DEVICES
-            and torch.compiler.is_compiling())
-
-
-def flex_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                scaling: float | None = None) -> torch.Tensor:
-    """Attention of one query token per row over the cache with FlexAttention (torch's own Triton kernels;
-    its decoding kernel splits the cache across programs). GQA is native: each key/value head is read once
-    for its query heads. The mask ([B, 1, 1, S], bool or additive) becomes a score_mod. Returns [B, 1, H, D]."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    score_mod = None
-    if mask is not None and mask.dtype == torch.bool:
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return torch.where(mask[b, 0, q_idx, kv_idx], score, -float("inf"))
-    elif mask is not None:
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + mask[b, 0, q_idx, kv_idx]
-    out = flex_attention(query, key, value, score_mod=score_mod, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous()
-
-
 def sdpa_grouped_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                    attention_mask: torch.Tensor | None, dropout: float = 0.0,
                                    scaling: float | None = None, is_causal: bool | None = None,
@@ -113,8 +79,6 @@ def sdpa_grouped_attention_forward(module, query: torch.Tensor, key: torch.Tenso
     if delegate_reason(module, query, key, attention_mask, dropout, is_causal, **kwargs) is not None:
         return _stock(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                       is_causal=is_causal, **kwargs)
-    if uses_flex(query):
-        return flex_decode(query, key, value, attention_mask, scaling), None
     b, h, length, _ = query.shape
     rows, mask = grouped_rows(query, attention_mask, module.num_key_value_groups)
     out = torch.nn.functional.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scaling,
