@@ -20,7 +20,9 @@ the Int4 model once more with each gated MLP's gate and up as two launches and t
 launch, QuantlabGatedMLP, replaced), to measure what the fusion saves per step. --int4-pdl: once more with
 the split-K sum kernel launched as a programmatic dependent (utils.kernels.w4a16.SUM_PDL). Every profile
 also lists the host's events per step (torch ops, the compiled region, CUDA runtime calls); --host adds
-cProfile's split of the host's Python per step (what the GPU waits for when the step is bound by the host).
+the host's time per step in each piece of transformers' loop (what the GPU waits for when the step is bound
+by the host): the compiled step's call, the inputs and masks, the logits processors, the stopping criteria,
+the stop check that waits for the GPU.
 Writes profile_decode.md and profile_decode.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import gc
 import json
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -154,22 +157,49 @@ def per_step_of(long: dict, short: dict, steps: int) -> dict:
             for n, v in long.items()}
 
 
-def python_us(model, ids, cache, short, long) -> list:
-    """Where the host's Python time goes per decode step: cProfile over a short and a long generate, each
-    function's cumulative and own µs per extra step (cProfile slows Python down: read it as a split)."""
-    import cProfile
-    import pstats
+HOST_PIECES = (("compiled step: guards, CUDA-graph checks, graph launch", "model", "_compiled_call"),
+               ("inputs and masks for the step", "model", "prepare_inputs_for_generation"),
+               ("model kwargs update", "model", "_update_model_kwargs_for_generation"),
+               ("logits processors", "logits", "__call__"),
+               ("stopping criteria (lm-eval's, when handed over)", "stopping", "__call__"),
+               ("stop check: waits for the GPU", "stopcheck", "__call__"))
 
-    def stats(new):
-        prof = cProfile.Profile()
-        prof.enable()
-        generate(model, ids, new, cache)
-        prof.disable()
-        return {f"{Path(k[0]).name}:{k[1]}({k[2]})": (v[3], v[2]) for k, v in pstats.Stats(prof).stats.items()}
-    a, b = stats(short), stats(long)
-    rows = [[n, 1e6 * (cum - a.get(n, (0, 0))[0]) / (long - short), 1e6 * (own - a.get(n, (0, 0))[1]) / (long - short)]
-            for n, (cum, own) in b.items()]
-    return sorted(rows, key=lambda r: -r[1])[:40]
+
+def host_split(model, ids, cache, new, stops=None) -> dict:
+    """Host µs per decode step in each piece of transformers' loop (HOST_PIECES): one generate of `new` steps
+    with those functions timed, the median per piece over its calls (the prefill's one call falls out).
+    What is left of a step's wall time is the loop itself and the eager kernels it launches."""
+    import transformers.generation.utils as gen_utils
+    from transformers.generation.logits_process import LogitsProcessorList
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+    owners = {"model": model, "logits": LogitsProcessorList, "stopping": StoppingCriteriaList,
+              "stopcheck": gen_utils.StopCheck}
+    times, saved = defaultdict(list), []
+
+    def timed(label, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                times[label].append(time.perf_counter() - t0)
+        return call
+    try:
+        for label, owner, attr in HOST_PIECES:
+            obj = owners[owner]
+            if owner == "model" and not hasattr(obj, attr):
+                continue
+            saved.append((obj, attr, obj.__dict__.get(attr, None) if owner == "model" else getattr(obj, attr)))
+            setattr(obj, attr, timed(label, getattr(obj, attr)))
+        generate(model, ids, new, cache, stops)
+    finally:
+        for obj, attr, old in reversed(saved):
+            if old is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, old)
+    return {label: 1e6 * statistics.median(times[label]) if times[label] else None for label, _, _ in HOST_PIECES}
 
 
 class TwoLaunchMLP(torch.nn.Module):
@@ -191,9 +221,9 @@ def unfuse(model) -> int:
     return len(names)
 
 
-def measure(model, ids, cache, short, long, python: bool, tok) -> dict:
+def measure(model, ids, cache, short, long, host: bool, tok) -> dict:
     """One compiled model's step: wall ms, kernels and host events per step (tok: also with lm-eval's stops;
-    python: also cProfile's split of the host's Python)."""
+    host: also the host's time per step in each piece of transformers' loop)."""
     ms = wall_ms(model, ids, cache, short, long)
     (a, a_cpu), (b, b_cpu) = kernel_us(model, ids, short, cache), kernel_us(model, ids, long, cache)
     per_step, host = per_step_of(b, a, long - short), per_step_of(b_cpu, a_cpu, long - short)
@@ -205,8 +235,10 @@ def measure(model, ids, cache, short, long, python: bool, tok) -> dict:
            "groups_ms_per_step": {g: v / 1e3 for g, v in groups.items()},
            "kernels": sorted(([n, us, c] for n, (us, c) in per_step.items()), key=lambda r: -r[1])[:40],
            "host_events": sorted(([n, us, c] for n, (us, c) in host.items()), key=lambda r: -r[1])[:30]}
-    if python:
-        res["python"] = python_us(model, ids, cache, short, long)
+    if host:
+        res["host_split_us"] = host_split(model, ids, cache, long)
+        if tok is not None:
+            res["host_split_us_lm_eval_stops"] = host_split(model, ids, cache, long, lambda x: lm_eval_stops(tok, x))
     if tok is not None:
         with_stops = wall_ms(model, ids, cache, short, long, lambda x: lm_eval_stops(tok, x))
         res.update(ms_per_step_lm_eval_stops=with_stops, lm_eval_stops_ms_per_step=with_stops - ms)
@@ -214,11 +246,11 @@ def measure(model, ids, cache, short, long, python: bool, tok) -> dict:
 
 
 def profile_model(path, backend, attentions, batch, prompt, cache_len, short, long, stops: bool,
-                  two_launch_mlp: bool = False, pdl: bool = False, python: bool = False,
+                  two_launch_mlp: bool = False, pdl: bool = False, host: bool = False,
                   variants=("default",)) -> list[dict]:
     """One profile of the model at `path` per attention in `attentions` and compile variant in `variants`
-    (two_launch_mlp: unfuse it first; pdl: its W4A16 sum kernels launched with PDL; python: also cProfile
-    the host's Python per step)."""
+    (two_launch_mlp: unfuse it first; pdl: its W4A16 sum kernels launched with PDL; host: also split the
+    host's time per step)."""
     from utils.kernels import w4a16
     w4a16.SUM_PDL = pdl
     from transformers import AutoTokenizer, StaticCache
@@ -244,7 +276,7 @@ def profile_model(path, backend, attentions, batch, prompt, cache_len, short, lo
             first, _ = generate(model, ids, short, cache)                  # compiles
             generate(model, ids, short, cache)
             with compiled_as(variant, "run"):
-                res = measure(model, ids, cache, short, long, python, tok)
+                res = measure(model, ids, cache, short, long, host, tok)
         res.update(model=str(path), gptq_backend=backend, attention=attention, compile_variant=variant,
                    first_generate_s=first, peak_allocated_gib=torch.cuda.max_memory_allocated() / 2**30, layers=layers + (["sum kernel with PDL"] if pdl else []))
         runs.append(res)
@@ -275,7 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--int4-pdl", action="store_true",
                     help="also profile the Int4 model with its split-K sum kernels launched with PDL")
     ap.add_argument("--host", action="store_true",
-                    help="also split the host's time per step: cProfile's Python functions")
+                    help="also split the host's time per step into the pieces of transformers' loop")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=["default"],
                     help="compile settings to profile each model under (default: transformers' own)")
     ap.add_argument("--out", type=Path, required=True)
@@ -299,7 +331,7 @@ def main(argv=None) -> int:
                               args.short, args.long, args.lm_eval_stops, two, pdl, args.host,
                               args.variants)
         for r in runs[-len(args.attention) * len(args.variants):]:
-            print(json.dumps({k: v for k, v in r.items() if k not in ("kernels", "host_events", "python")}),
+            print(json.dumps({k: v for k, v in r.items() if k not in ("kernels", "host_events")}),
                   flush=True)
         meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "batch": args.batch,
                 "prompt": args.prompt, "cache": args.cache, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -308,6 +340,10 @@ def main(argv=None) -> int:
         (args.out / "profile_decode.md").write_text(markdown(meta, runs))
     print(markdown(meta, runs))
     return 0
+
+
+def _us(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
 
 
 def markdown(meta, runs) -> str:
@@ -336,10 +372,12 @@ def markdown(meta, runs) -> str:
         out += ["", f"Host events per decode step (torch's profiler, inclusive), {which}:", "",
                 "| event | us per step | count per step |", "|---|---|---|"]
         out += [f"| `{n[:90]}` | {us:.1f} | {c:.1f} |" for n, us, c in r.get("host_events", [])[:20]]
-        if r.get("python"):
-            out += ["", f"Python per decode step (cProfile, slowed by it), {which}:", "",
-                    "| function | cumulative us per step | own us per step |", "|---|---|---|"]
-            out += [f"| `{n[:90]}` | {cum:.1f} | {own:.1f} |" for n, cum, own in r["python"][:30]]
+        if r.get("host_split_us"):
+            stops_split = r.get("host_split_us_lm_eval_stops") or {}
+            out += ["", f"The host's time per decode step in transformers' loop (median µs per call), {which}:", "",
+                    "| piece | us | us with lm-eval's stops |", "|---|---|---|"]
+            out += [f"| {label} | {_us(r['host_split_us'].get(label))} | {_us(stops_split.get(label))} |"
+                    for label, _, _ in HOST_PIECES]
     return "\n".join(out) + "\n"
 
 

@@ -105,12 +105,13 @@ def test_markdown_names_the_attention_and_the_stop_cost_when_measured(stops):
 def test_markdown_adds_the_host_split_when_measured():
     meta = {"device": "H100", "date": "today", "torch": "2.x", "batch": 16, "prompt": 700, "cache": 2048,
             "command": "python scripts/profile_decode.py --host"}
+    labels = [label for label, _, _ in prof.HOST_PIECES]
     r = {**_run(0), "compile_variant": "skip_guard_eval", "host_events": [["cudaGraphLaunch", 310.0, 1.0]],
-         "python": [["utils.py:3122(_sample)", 2900.0, 40.0]]}
+         "host_split_us": {labels[0]: 1234.4, labels[-1]: None}, "host_split_us_lm_eval_stops": {labels[0]: 1300.0}}
     md = prof.markdown(meta, [r, _run(1)])
-    assert "| bf16-0 | sdpa_grouped | skip_guard_eval |" in md
-    assert "| `cudaGraphLaunch` | 310.0 | 1.0 |" in md and "| `utils.py:3122(_sample)` | 2900.0 | 40.0 |" in md
-    assert md.count("Python per decode step") == 1                 # only the run that measured it
+    assert "| bf16-0 | sdpa_grouped | skip_guard_eval |" in md and "| `cudaGraphLaunch` | 310.0 | 1.0 |" in md
+    assert f"| {labels[0]} | 1234 | 1300 |" in md and f"| {labels[-1]} | - | - |" in md
+    assert md.count("The host's time per decode step") == 1             # only the run that measured it
 
 
 def test_per_step_subtracts_the_short_run_and_divides_by_the_extra_steps():
@@ -118,18 +119,27 @@ def test_per_step_subtracts_the_short_run_and_divides_by_the_extra_steps():
     assert prof.per_step_of(long, short, 32) == {"k": (25.0, 20 / 32), "new": (2.0, 1.0)}
 
 
-def test_python_split_names_the_decode_loop(tok, monkeypatch):
-    """cProfile over a short and a long generate of the fixture: transformers' decode loop and the model's
-    forward are among the functions that take time per extra step, none negative beyond noise."""
+def test_host_split_times_each_piece_of_the_loop_and_puts_everything_back(tok, monkeypatch):
+    """The fixture's generate (eager: no compiled step to time) with each piece timed: every other piece is
+    called once per step and has a median, lm-eval's criteria included when handed over; afterwards the
+    model and transformers' classes are what they were."""
+    import transformers.generation.utils as gen_utils
     from transformers import AutoModelForCausalLM, StaticCache
+    from transformers.generation.stopping_criteria import StoppingCriteriaList
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     model = AutoModelForCausalLM.from_pretrained(str(FIX), dtype=torch.float32).eval()
+    before = (type(model).prepare_inputs_for_generation, StoppingCriteriaList.__call__, gen_utils.StopCheck.__call__)
     ids = tok(["Question: 2 + 2?\nAnswer:"], return_tensors="pt")["input_ids"]
-    rows = prof.python_us(model, ids, StaticCache(config=model.config, max_cache_len=128), 2, 10)
-    names = [n for n, _, _ in rows]
-    assert any("(_sample)" in n for n in names) and any("(forward)" in n for n in names)
-    assert all(cum >= own - 1.0 for _, cum, own in rows) and rows == sorted(rows, key=lambda r: -r[1])
+    cache = StaticCache(config=model.config, max_cache_len=128)
+    for stops in (None, lambda x: prof.lm_eval_stops(tok, x)):
+        split = prof.host_split(model, ids, cache, 6, stops)
+        labels = [label for label, _, _ in prof.HOST_PIECES]
+        assert split[labels[0]] is None                                 # not compiled here
+        assert all(split[label] > 0 for label in labels[1:]), split
+    assert "prepare_inputs_for_generation" not in model.__dict__ and "_compiled_call" not in model.__dict__
+    assert before == (type(model).prepare_inputs_for_generation, StoppingCriteriaList.__call__,
+                      gen_utils.StopCheck.__call__)
 
 
 def test_compile_variants_set_what_they_name_and_restore_it():
