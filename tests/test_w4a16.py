@@ -172,6 +172,12 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
         == {1, w4a16_fragment.RING_STAGES}
     assert w4a16.w4a16_default_tile(16, K, N, 128, 132, "fragment") == dataclasses.replace(
         fragment, num_stages=w4a16_fragment.RING_STAGES)
+    # the gated kernel (two weights' words in flight) takes the ring at one row too, not at 2 to RING_ROWS - 1
+    ring = {m for m in range(1, 17) if w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment", gated=True).num_stages
+            == w4a16_fragment.RING_STAGES}
+    assert ring == set(w4a16_fragment.GATED_RING_ROWS) | set(range(rows, 17)) and 1 in ring and 2 not in ring
+    gated = {w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment", gated=True) for m in (1, 2, 16)}
+    assert len({dataclasses.replace(t, num_stages=0) for t in gated}) == 1      # one split at every M
 
 
 def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):

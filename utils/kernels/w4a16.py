@@ -107,8 +107,8 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
     'fragment': 128 columns (64 gated: two weights' registers), K steps of 128, about half as many programs
     per SM (w4a16_fragment.PROGRAMS_PER_SM), the same split for every M; loads one step ahead into registers,
-    from RING_ROWS rows through a ring of RING_STAGES slots in shared memory (the same bits): its sweeps on
-    the H100."""
+    from RING_ROWS rows (and at one row, gated) through a ring of RING_STAGES slots in shared memory (the same
+    bits): its sweeps on the H100."""
     per_sm = PROGRAMS_PER_SM
     if unpack == "fragment":
         block_k, block_n = w4a16_fragment.BLOCK_K, (64 if gated else w4a16_fragment.BLOCK_N)
@@ -122,8 +122,8 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     split = max(1, min(steps, triton.cdiv(per_sm * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
-    if unpack == "fragment":       # the ring in shared memory from RING_ROWS rows: the same bits either way
-        stages = w4a16_fragment.RING_STAGES if M >= w4a16_fragment.RING_ROWS else w4a16_fragment.DEPTH
+    if unpack == "fragment":       # the ring in shared memory (w4a16_fragment.uses_ring): the same bits either way
+        stages = w4a16_fragment.RING_STAGES if w4a16_fragment.uses_ring(M, gated) else w4a16_fragment.DEPTH
         return W4A16Tile(block_n, block_k, split, w4a16_fragment.WARPS, stages, unpack)
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 

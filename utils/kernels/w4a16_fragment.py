@@ -59,6 +59,15 @@ RING_FROM, MAX_STAGES = 3, 8
 # SM, and gate/up, down and q/o ran 10-15 % faster; at 1, 2 and 4 rows the register loop was faster. More
 # slots: fewer programs per SM, slower.
 RING_ROWS, RING_STAGES = 8, 3
+# The gated kernel also takes the ring at one row: it holds two weights' next words, so the registers freed
+# matter more (124 -> 79 a thread); timed both ways at 1, 2, 4, 8 and 16 rows (kept run
+# 20261127-host-split-h100, run5), the ring won at one row and from 8, the register loop at 2 and 4.
+GATED_RING_ROWS = (1,)
+
+
+def uses_ring(M: int, gated: bool = False) -> bool:
+    """Whether a call of M rows gets the ring by default (the same bits either way)."""
+    return M >= RING_ROWS or (gated and M in GATED_RING_ROWS)
 
 
 def other_way(num_stages: int) -> int:
