@@ -37,6 +37,7 @@ left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 say() { printf '[%s +%4ss] %s\n' "$(date -u +%H:%M:%S)" $(( $(date +%s) - T0 )) "$*"; }
 OUT=${OUT:-/tmp/out}; W=/tmp/quantlab-rehearsal
 mkdir -p "$OUT" "$W"
+RUNTMP=$(mktemp -d /tmp/w4a16-run.XXXX)   # this call's outputs: a warm machine keeps an earlier call's
 exec > >(tee -a "$OUT/run.log") 2>&1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/triton-cache
 [ -f .whl/device-install.sh ] || { say "no .whl/ carried: bash ../shared/tools/device-wheels.sh, carry ['.whl']"; exit 2; }
@@ -75,9 +76,9 @@ if [ "${1:-all}" = gated ]; then
   fi
   if [[ $STEPS == *" bench "* ]]; then
     say "gate and up: fused against two launches"
-    timeout 150 python3 scripts/bench_gated.py --out /tmp/gated --rows ${GATED_ROWS:-1 16} ${GATED_SWEEP---sweep} 2>&1 |
+    timeout 150 python3 scripts/bench_gated.py --out $RUNTMP/gated --rows ${GATED_ROWS:-1 16} ${GATED_SWEEP---sweep} 2>&1 |
       grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
-    cp /tmp/gated/bench_gated.* "$OUT/" 2>/dev/null
+    cp $RUNTMP/gated/bench_gated.* "$OUT/" 2>/dev/null
   fi
   if [ ! -f "$W/gsm8k/test.jsonl" ]; then
     mkdir -p "$W/gsm8k"
@@ -93,25 +94,25 @@ if [ "${1:-all}" = gated ]; then
         say "decode profile, grouped attention, lm-eval's stops"
         timeout -k 10 --signal=INT "${PROFILE_TIMEOUT:-$(( $(left) - 10 ))}" python3 scripts/profile_decode.py \
           --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --gptq-backend quantlab --lm-eval-stops \
-          ${PROFILE_ARGS:-} --out /tmp/profile 2>&1 | grep -v -i -e "warn(" -e "^INFO\|gc.collect" | tail -20
-        cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null ;;
+          ${PROFILE_ARGS:-} --out $RUNTMP/profile 2>&1 | grep -v -i -e "warn(" -e "^INFO\|gc.collect" | tail -20
+        cp $RUNTMP/profile/profile_decode.* "$OUT/" 2>/dev/null ;;
       lab03)
         say "Lab 03 settings (${LAB03_LIMIT:-320} problems)"
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-240}" \
           python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
-          --limit "${LAB03_LIMIT:-320}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
+          --limit "${LAB03_LIMIT:-320}" --out $RUNTMP/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
           grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
-        cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
+        cp $RUNTMP/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
       fixture)
         say "the trained fixture: quantlab against gptq_torch"
-        timeout 170 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 |
+        timeout 170 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 |
           grep -v -i "warn(\|^INFO\|gc.collect\|it/s\]" | tail -6
-        cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
+        cp $RUNTMP/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
       kbench)
         say "the kernel table at M = 1 and 16, eager calls"
-        timeout "${KBENCH_TIMEOUT:-120}" python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 |
+        timeout "${KBENCH_TIMEOUT:-120}" python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin --rows 1 16 2>&1 |
           grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -12
-        cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null ;;
+        cp $RUNTMP/kbench/bench_w4a16.* "$OUT/" 2>/dev/null ;;
     esac
   done
   say "done"; exit 0
@@ -119,9 +120,9 @@ fi
 if [ "${1:-all}" = model ]; then
   TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
   if [ "${KBENCH:-0}" = 1 ]; then
-    timeout 120 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
+    timeout 120 python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
       grep -v "^|" | tail -12
-    cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
+    cp $RUNTMP/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
   fi
   if [ ! -f "$W/gsm8k/test.jsonl" ]; then
     mkdir -p "$W/gsm8k"
@@ -132,15 +133,15 @@ if [ "${1:-all}" = model ]; then
   say "Lab 03 settings (${LAB03_LIMIT:-64} problems)"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-200}" \
     python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
-    --limit "${LAB03_LIMIT:-64}" --out /tmp/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
+    --limit "${LAB03_LIMIT:-64}" --out $RUNTMP/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
     grep -v -i -e warn -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
-  cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
+  cp $RUNTMP/lab03/bench_lab03.* "$OUT/" 2>/dev/null
   [ "${PROFILE:-1}" = 1 ] || { say "done"; exit 0; }
   say "decode profile, both attentions, lm-eval's stops"
   timeout -k 10 --signal=INT $(( $(left) - 15 )) python3 scripts/profile_decode.py --golden "$W/models/bf16" \
-    --int4 "$W/models/gptq-int4" --gptq-backend quantlab --attention sdpa_grouped sdpa --lm-eval-stops --out /tmp/profile 2>&1 |
+    --int4 "$W/models/gptq-int4" --gptq-backend quantlab --attention sdpa_grouped sdpa --lm-eval-stops --out $RUNTMP/profile 2>&1 |
     grep -v -i -e warn -e "^INFO\|gc.collect" | tail -30
-  cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
+  cp $RUNTMP/profile/profile_decode.* "$OUT/" 2>/dev/null
   say "done"; exit 0
 fi
 if [ "${1:-all}" = table ]; then
@@ -148,30 +149,30 @@ if [ "${1:-all}" = table ]; then
     2>&1 | tee "$OUT/tests.log" | tail -3
   if [ "${FIXTURE:-1}" = 1 ]; then
     say "the trained fixture: quantlab against gptq_torch"
-    timeout 200 python3 scripts/fixture_agreement.py --out /tmp/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
-    cp /tmp/agree/fixture_agreement.* "$OUT/" 2>/dev/null
+    timeout 200 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
+    cp $RUNTMP/agree/fixture_agreement.* "$OUT/" 2>/dev/null
   fi
-  timeout "${TABLE_TIMEOUT:-150}" python3 scripts/bench_w4a16.py --out /tmp/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
-  cp /tmp/ktable/bench_w4a16.* "$OUT/" 2>/dev/null
+  timeout "${TABLE_TIMEOUT:-150}" python3 scripts/bench_w4a16.py --out $RUNTMP/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
+  cp $RUNTMP/ktable/bench_w4a16.* "$OUT/" 2>/dev/null
   say "waiting for Marlin's build"; wait $MARLIN; tail -1 /tmp/marlin_build.log
-  if [ -f /tmp/ktable/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
-    timeout $(( $(left) - 10 )) python3 scripts/bench_w4a16.py --out /tmp/ktable2 --marlin-into /tmp/ktable/bench_w4a16.json \
+  if [ -f $RUNTMP/ktable/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 10 )) python3 scripts/bench_w4a16.py --out $RUNTMP/ktable2 --marlin-into $RUNTMP/ktable/bench_w4a16.json \
       2>&1 | grep -v "^INFO\|gc.collect" | tail -30
-    cp /tmp/ktable2/bench_w4a16.* "$OUT/" 2>/dev/null
+    cp $RUNTMP/ktable2/bench_w4a16.* "$OUT/" 2>/dev/null
   fi
   say "done"; exit 0
 fi
 if [ "${1:-all}" = sweep ]; then
   TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py ${TESTS_MORE:-} \
     2>&1 | tee "$OUT/tests.log" | tail -3
-  timeout "${SWEEP_TIMEOUT:-330}" python3 scripts/bench_w4a16.py --out /tmp/ksweep --no-marlin --sweep --rows 1 16 \
+  timeout "${SWEEP_TIMEOUT:-330}" python3 scripts/bench_w4a16.py --out $RUNTMP/ksweep --no-marlin --sweep --rows 1 16 \
     --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
-  cp /tmp/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null
+  cp $RUNTMP/ksweep/bench_w4a16.* "$OUT/" 2>/dev/null
   say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
-  if [ -f /tmp/ksweep/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
-    timeout $(( $(left) - 15 )) python3 scripts/bench_w4a16.py --out /tmp/ksweep2 --marlin-into /tmp/ksweep/bench_w4a16.json \
+  if [ -f $RUNTMP/ksweep/bench_w4a16.json ] && [ "$(left)" -gt 40 ]; then
+    timeout $(( $(left) - 15 )) python3 scripts/bench_w4a16.py --out $RUNTMP/ksweep2 --marlin-into $RUNTMP/ksweep/bench_w4a16.json \
       --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -20
-    cp /tmp/ksweep2/bench_w4a16.* "$OUT/" 2>/dev/null
+    cp $RUNTMP/ksweep2/bench_w4a16.* "$OUT/" 2>/dev/null
   fi
   say "done"; exit 0
 fi
@@ -188,21 +189,21 @@ build_pair
 
 say "kernel bench (Marlin's columns come later, once it is built)"
 sweep=; [ "${SWEEP:-0}" = 1 ] && sweep=--sweep
-timeout 150 python3 scripts/bench_w4a16.py --out /tmp/kbench --no-marlin $sweep 2>&1 | grep -v "^INFO\|gc.collect" | tail -40
-cp /tmp/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
+timeout 150 python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin $sweep 2>&1 | grep -v "^INFO\|gc.collect" | tail -40
+cp $RUNTMP/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
 
 if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 200 ]; then
   say "decode profile"
   timeout 170 python3 scripts/profile_decode.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" \
-    --gptq-backend quantlab --out /tmp/profile 2>&1 | grep -v -i -e warn -e "^INFO\|gc.collect" | head -12
-  cp /tmp/profile/profile_decode.* "$OUT/" 2>/dev/null
+    --gptq-backend quantlab --out $RUNTMP/profile 2>&1 | grep -v -i -e warn -e "^INFO\|gc.collect" | head -12
+  cp $RUNTMP/profile/profile_decode.* "$OUT/" 2>/dev/null
 fi
 
 say "waiting for Marlin's build"; wait $MARLIN; tail -2 /tmp/marlin_build.log
-if [ -f /tmp/kbench/bench_w4a16.json ] && [ "$(left)" -gt 60 ]; then
-  timeout 90 python3 scripts/bench_w4a16.py --out /tmp/kbench2 --marlin-into /tmp/kbench/bench_w4a16.json 2>&1 |
+if [ -f $RUNTMP/kbench/bench_w4a16.json ] && [ "$(left)" -gt 60 ]; then
+  timeout 90 python3 scripts/bench_w4a16.py --out $RUNTMP/kbench2 --marlin-into $RUNTMP/kbench/bench_w4a16.json 2>&1 |
     grep -v "^INFO\|gc.collect" | tail -40
-  cp /tmp/kbench2/bench_w4a16.* "$OUT/" 2>/dev/null
+  cp $RUNTMP/kbench2/bench_w4a16.* "$OUT/" 2>/dev/null
 fi
 
 if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 120 ]; then
@@ -210,8 +211,8 @@ if [ -f "$W/models/build.json" ] && [ "$(left)" -gt 120 ]; then
   # shellcheck disable=SC2086
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT $(( $(left) - 10 )) \
     python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
-    --limit 32 --out /tmp/lab03 --settings ${LAB03_SETTINGS:-golden:compiled:16 int4:compiled:16:quantlab} 2>&1 |
+    --limit 32 --out $RUNTMP/lab03 --settings ${LAB03_SETTINGS:-golden:compiled:16 int4:compiled:16:quantlab} 2>&1 |
     grep -v -i -e warn -e "^ *$" | tail -20
-  cp /tmp/lab03/bench_lab03.* "$OUT/" 2>/dev/null
+  cp $RUNTMP/lab03/bench_lab03.* "$OUT/" 2>/dev/null
 fi
 ls -la "$OUT"; say "done"
