@@ -146,19 +146,20 @@ def test_compile_variants_set_what_they_name_and_restore_it():
     from torch._dynamo.eval_frame import _is_skip_guard_eval_unsafe_stance as skipping
     from torch._inductor import config
 
-    with prof.compiled_as("no_cudagraph_trees", "compile"):
-        assert config.triton.cudagraph_trees is False
-    assert config.triton.cudagraph_trees is True
-    with prof.compiled_as("skip_guard_eval", "compile"):
-        assert not skipping()                            # guards run while it compiles
-        with prof.compiled_as("skip_guard_eval", "run"):
-            assert skipping()
-    assert not skipping()
-    with prof.compiled_as("freezing", "compile"):
-        assert config.freezing is True
-    assert config.freezing is False
-    with prof.compiled_as("default", "run"):
-        assert config.triton.cudagraph_trees is True and not skipping()
+    with config.patch({"freezing": False, "triton.cudagraph_trees": True}):    # torch's defaults, whatever ran before
+        with prof.compiled_as("no_cudagraph_trees", "compile"):
+            assert config.triton.cudagraph_trees is False
+        assert config.triton.cudagraph_trees is True
+        with prof.compiled_as("skip_guard_eval", "compile"):
+            assert not skipping()                        # guards run while it compiles
+            with prof.compiled_as("skip_guard_eval", "run"):
+                assert skipping()
+        assert not skipping()
+        with prof.compiled_as("freezing", "compile"):
+            assert config.freezing is True
+        assert config.freezing is False
+        with prof.compiled_as("default", "run"):
+            assert config.triton.cudagraph_trees is True and config.freezing is False and not skipping()
 
 
 @pytest.mark.parametrize("extra, says", [(["--attention", "sdpa", "sdpa"], "--attention: .* names one twice"),
