@@ -46,6 +46,13 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
+unpack_gsm8k() {   # the carried GSM8K (.gsm8k/*.jsonl.xz) into $W/gsm8k, once per machine
+  [ -f "$W/gsm8k/test.jsonl" ] && return 0
+  mkdir -p "$W/gsm8k"
+  for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+    ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl" || say "no .gsm8k carried"; done
+}
+
 build_pair() {   # a warm machine keeps the pair of an earlier call (built aside, then moved into place)
   [ -f "$W/models/build.json" ] && { say "the 7B-shaped pair of an earlier call is here"; return 0; }
   say "building the 7B-shaped pair"
@@ -80,11 +87,7 @@ if [ "${1:-all}" = gated ]; then
       grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -70
     cp $RUNTMP/gated/bench_gated.* "$OUT/" 2>/dev/null
   fi
-  if [ ! -f "$W/gsm8k/test.jsonl" ]; then
-    mkdir -p "$W/gsm8k"
-    for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
-      ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
-  fi
+  unpack_gsm8k
   if [[ $STEPS == *" lab03 "* || $STEPS == *" profile "* ]]; then
     build_pair || exit 3
   fi
@@ -124,11 +127,7 @@ if [ "${1:-all}" = model ]; then
       grep -v "^|" | tail -12
     cp $RUNTMP/kbench/bench_w4a16.* "$OUT/" 2>/dev/null
   fi
-  if [ ! -f "$W/gsm8k/test.jsonl" ]; then
-    mkdir -p "$W/gsm8k"
-    for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
-      ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl"; done
-  fi
+  unpack_gsm8k
   build_pair || exit 3
   say "Lab 03 settings (${LAB03_LIMIT:-64} problems)"
   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-200}" \
@@ -180,11 +179,7 @@ fi
 say "tests, compiled"
 TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -5
 
-if [ ! -f "$W/gsm8k/test.jsonl" ]; then
-  mkdir -p "$W/gsm8k"
-  for f in train test; do python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
-    ".gsm8k/$f.jsonl.xz" > "$W/gsm8k/$f.jsonl" || say "no .gsm8k carried"; done
-fi
+unpack_gsm8k
 build_pair
 
 say "kernel bench (Marlin's columns come later, once it is built)"
