@@ -1,6 +1,6 @@
 """The W4A16 kernel against GPTQModel's Marlin, the Int4 GEMV and bf16 at Qwen2.5-7B's linear shapes on a GPU.
 
-    python scripts/bench_w4a16.py --out DIR [--rows 1 2 4 8 16] [--sweep] [--no-marlin]
+    python scripts/bench_w4a16.py --out DIR [--rows 1 2 4 8 16] [--sweep | --splits] [--no-marlin]
     python scripts/bench_w4a16.py --out DIR2 --marlin-into DIR/bench_w4a16.json   # Marlin's columns, later
 
 Per shape (q/o, k/v, gate/up, down projections; GPTQ Int4, group 128, sym, v1 zeros, random weights) and
@@ -8,9 +8,10 @@ rows M: each kernel's relative L2 error against float64 x @ W (W the course's re
 time per call under CUDA-graph replay with the weights read cold (the replays rotate over copies of the
 weights past 3x L2, utils.timing.time_cold; for Marlin over that many Marlin layers built from the same
 tensors; --marlin-into adds them to an earlier run's rows, so the kernel can be timed while Marlin still
-builds). Then one eager call at M = 1 from Python (utils.timing.time_eager): the kernel's own function,
-the custom op through torch.ops, Marlin's layer. --sweep: also fixed tiles of the W4A16 kernel, to check
-its default. Marlin is built through GPTQModel (utils.gptq_kernels.build_kernel, its nvcc JIT on first use).
+builds; that pass times ours eagerly again, with no compiler beside it). Then one eager call at M = 1
+from Python (utils.timing.time_eager): the kernel's own function, the custom op through torch.ops (and
+its host's part: the time to enqueue), Marlin's layer. --sweep: also fixed tiles of the W4A16 kernel, to
+check its default; --splits: only its split-K, at every M, with the programs and how many fit at once. Marlin is built through GPTQModel (utils.gptq_kernels.build_kernel, its nvcc JIT on first use).
 Writes bench_w4a16.md and bench_w4a16.json into --out (refuses a folder that has them).
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch  # noqa: E402
 
 from utils import gptq, metrics, timing  # noqa: E402
 from utils.kernels import cache, int4_gemv, w4a16, w4a16_fragment  # noqa: E402
+from utils.kernels.gemv_plan import resident_programs  # noqa: E402
 from utils.kernels.w4a16 import (W4A16Tile, w4a16_default_tile, w4a16_default_unpack, w4a16_matmul, w4a16_op,  # noqa: E402
                                  w4a16_plan)
 
@@ -51,10 +53,16 @@ def cold_modules_us(mods, x) -> float:
     return median_us(lambda: timing.time_kernel(lambda: next(it)(x), "cuda"))
 
 
-def compiled_report(plan) -> dict:
-    """Registers and spills of the compiled kernel (its machine code, counted: scripts/w4a16_sass.py)."""
+def compiled_report(plan, sms: int) -> dict:
+    """Registers, spills and shared memory of the compiled kernel (its machine code, counted:
+    scripts/w4a16_sass.py), its programs and how many of them fit the GPU at once (one wave)."""
     k = plan.gemm.compiled
-    return {"regs": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None)}
+    regs, shared = getattr(k, "n_regs", None), getattr(getattr(k, "metadata", None), "shared", None)
+    grid = plan.gemm.grid
+    rec = {"regs": regs, "spills": getattr(k, "n_spills", None), "shared": shared, "programs": grid[0] * grid[1]}
+    if regs:
+        rec["resident"] = resident_programs(regs, plan.tile.num_warps, sms, shared or 0)
+    return rec
 
 
 def layer(K, N, seed=0):
@@ -79,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--splits", action="store_true", help="sweep only the Gluon kernel's split-K, at its default "
+                    "stages, at every --rows (programs from half a wave to three)")
     ap.add_argument("--no-marlin", action="store_true")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
@@ -119,6 +129,13 @@ def main(argv=None) -> int:
                             row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
                 else:
                     row["marlin_reason"] = why
+                if row["M"] == 1:   # ours again, eager, now that no build runs beside it (a host-bound time)
+                    ops = [t[k].cuda() for k in ("qweight", "qzeros", "scales")]
+                    for key, host in (("eager_op_us", False), ("eager_op_host_us", True)):
+                        row[key] = timing.time_eager(lambda: w4a16_op(x, *ops, None, None, 128, 1), "cuda",
+                                                     host_only=host) * 1e6
+                    row["eager_us"] = timing.time_eager(lambda: w4a16_matmul(x, *ops, None, None, 128, 1), "cuda") * 1e6
+                    row["eager_timed_with_marlin"] = True
                 log(f"{name} M={row['M']}: marlin {row.get('marlin_us')} us, rel {row.get('marlin_rel')}")
             del marlin
             torch.cuda.empty_cache()
@@ -139,20 +156,20 @@ def main(argv=None) -> int:
             row["ours_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1), (x, qw, qz, s))
             tile = w4a16_default_tile(M, K, N, 128, sms, w4a16_default_unpack(s.dtype, False, x, 128))
             row["tile"] = vars(tile)
-            if tile.unpack == "fragment" and M > 1:     # x read the other way (per warp or shared)
+            if not args.splits and tile.unpack == "fragment" and M > 1:     # x read the other way (per warp or shared)
                 default = w4a16_fragment.SHARED_X_FROM
                 w4a16_fragment.SHARED_X_FROM = 2 if M < default else 17
                 row["x_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
                 row["x_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
                                                (x, qw, qz, s))
                 w4a16_fragment.SHARED_X_FROM = default
-            if tile.unpack == "fragment":            # the weight the other way (registers or the ring)
+            if not args.splits and tile.unpack == "fragment":     # the weight the other way (registers or the ring)
                 other = dataclasses.replace(tile, num_stages=w4a16_fragment.other_way(tile.num_stages))
                 row["w_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=other),
                                                            y)
                 row["w_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1,
                                                                                 tile=other), (x, qw, qz, s))
-            if tile.unpack == "fragment":            # beside it, the Triton kernel's default (PTX unpacking)
+            if not args.splits and tile.unpack == "fragment":     # beside it, the Triton kernel's default (PTX)
                 ptx = w4a16_default_tile(M, K, N, 128, sms, "ptx")
                 row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
                 row["triton_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=ptx),
@@ -161,7 +178,7 @@ def main(argv=None) -> int:
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)
             row["bf16_us"] = cold_us(torch.nn.functional.linear, (xb, wbf))
-            if M == 1:
+            if M == 1 and not args.splits:
                 g = int4_gemv(x, qw, qz, s, 128)
                 row["gemv_rel"] = metrics.relative_l2(g.cpu(), ref)
                 row["gemv_us"] = cold_us(lambda a, b, c, d: int4_gemv(a, b, c, d, 128), (x, qw, qz, s))
@@ -175,6 +192,8 @@ def main(argv=None) -> int:
                 plans = cache.plans_made
                 row["eager_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
                 row["eager_op_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+                row["eager_op_host_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda",
+                                                            host_only=True) * 1e6
                 row["eager_replanned"] = cache.plans_made != plans
                 w4a16.SUM_PDL = True                     # the same call with its sum kernel launched with PDL
                 row["eager_pdl_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
@@ -183,23 +202,25 @@ def main(argv=None) -> int:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
             log(f"{name} M={M}: ours ({tile.unpack}) {row['ours_us']:.1f} us ({row['ours_gbps']:.0f} GB/s, rel {row['ours_rel']:.2e}), "
-                f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if M == 1 else ""))
+                f"bf16 {row['bf16_us']:.1f} us" + (f", GEMV {row['gemv_us']:.1f} us" if "gemv_us" in row else ""))
             rows.append(row)
-            if args.sweep and M in (1, 16):
-                for tile in sweep_tiles(w4a16_default_tile(M, K, N, 128, sms, tile.unpack), K):
+            if (args.sweep and M in (1, 16)) or args.splits:
+                base = w4a16_default_tile(M, K, N, 128, sms, tile.unpack)
+                for tile in (split_tiles(base, K, N, sms) if args.splits else sweep_tiles(base, K)):
                     rec = {"shape": name, "M": M, **vars(tile), "us": None}
                     try:
                         y = w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=tile)
                         rec["rel"] = metrics.relative_l2(y.cpu(), ref)
                         rec["us"] = cold_us(lambda a, b, c, d, tl=tile: w4a16_matmul(a, b, c, d, None, None, 128, 1,
                                                                                       tile=tl), (x, qw, qz, s))
-                        rec.update(compiled_report(w4a16_plan(x, qw, qz, s, None, None, 128, 1, tile)))
+                        rec.update(compiled_report(w4a16_plan(x, qw, qz, s, None, None, 128, 1, tile), sms))
                     except Exception as exc:  # noqa: BLE001 - a tile that does not compile is a finding
                         rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                         log(f"tile {tile} failed: {rec['error']}")
                     sweep.append(rec)
                     log(f"  sweep {name} M={M} {vars(tile)}: {rec.get('us')} us, rel {rec.get('rel')}, "
-                        f"regs {rec.get('regs')}, spills {rec.get('spills')}")
+                        f"regs {rec.get('regs')}, spills {rec.get('spills')}, shared {rec.get('shared')}, "
+                        f"programs {rec.get('programs')} of {rec.get('resident')} resident")
         del marlin
         torch.cuda.empty_cache()
         write(args.out, meta, rows, sweep)          # after every shape: a run cut short keeps its rows
@@ -219,6 +240,14 @@ def sweep_tiles(base: W4A16Tile, K: int) -> list[W4A16Tile]:
             *itertools.product(("join", "ptx"), (128, 256), (1, 2), (3,), (8,))]
     return [W4A16Tile(bn, 128, max(1, min(steps, round(base.split_k * f * 64 / bn))), warps, st, unpack)
             for unpack, bn, f, st, warps in grid]
+
+
+def split_tiles(base: W4A16Tile, K: int, N: int, sms: int) -> list[W4A16Tile]:
+    """The Gluon kernel's default tile at every split-K (each a distinct number of K steps per program) whose
+    programs number between half a wave and three waves of four programs per SM."""
+    steps, blocks = K // base.block_k, -(-N // base.block_n)
+    splits = sorted({-(-steps // per) for per in range(1, steps + 1)})
+    return [dataclasses.replace(base, split_k=sp) for sp in splits if 2 * sms <= blocks * sp <= 12 * sms]
 
 
 def write(out: Path, meta, rows, sweep) -> None:
@@ -251,18 +280,20 @@ def markdown(meta, rows, sweep) -> str:
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
             "| shape | w4a16_matmul us | the same, sum kernel with PDL | torch.ops.quantlab.w4a16_matmul us "
-            "| Marlin layer us |", "|---|---|---|---|---|"]
+            "| its host part (enqueue) us | Marlin layer us |", "|---|---|---|---|---|---|"]
     for r in rows:
         if r["M"] == 1:
             out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_pdl_us'))} | {f(r['eager_op_us'])} "
-                       f"| {f(r.get('eager_marlin_us'))} |")
+                       f"| {f(r.get('eager_op_host_us'))} | {f(r.get('eager_marlin_us'))} |")
     if sweep:
         out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",
-                "| shape | M | unpack | block_n | warps | split_k | stages | us | rel | regs | spills |", "|" + "---|" * 11]
+                "| shape | M | unpack | block_n | warps | split_k | stages | us | rel | regs | spills | shared | programs "
+                "| resident |", "|" + "---|" * 14]
         out += [f"| {s['shape']} | {s['M']} | {s.get('unpack', 'rows' if s.get('rows') else 'reshape')} | {s['block_n']} "
                 f"| {s['num_warps']} | {s['split_k']} | {s.get('num_stages', 2)} | {f(s['us'])} "
                 f"| {'-' if s.get('rel') is None else format(s['rel'], '.2e')} | {s.get('regs', '-')} "
-                f"| {s.get('spills', '-')} |" for s in sweep]
+                f"| {s.get('spills', '-')} | {s.get('shared', '-')} | {s.get('programs', '-')} "
+                f"| {s.get('resident', '-')} |" for s in sweep]
     return "\n".join(out) + "\n"
 
 

@@ -24,6 +24,8 @@
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
 # (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
 # the trained fixture through quantlab against gptq_torch (fixture).
+# `splits`: the Gluon kernel's split-K at gate/up and down (SPLITS_ROWS, default "1 2 4 16"), each with its programs
+# and how many fit the GPU at once, and eager calls at M = 1, with nothing compiling beside them.
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
 # Marlin), then (unless PROFILE=0) the decode profile under both attentions with lm-eval's stops (~9 minutes).
@@ -62,7 +64,7 @@ build_pair() {   # a warm machine keeps the pair of an earlier call (built aside
 }
 
 MARLIN=
-case "${1:-all}" in gated|model) ;;   # host-bound timings there: no compiler running beside them
+case "${1:-all}" in gated|model|splits) ;;   # host-bound timings there: no compiler running beside them
   *) say "Marlin: building in the background (its own process group)"
      MAX_JOBS=8 setsid python3 - > /tmp/marlin_build.log 2>&1 <<'EOF' &
 import torch
@@ -159,6 +161,13 @@ if [ "${1:-all}" = table ]; then
       2>&1 | grep -v "^INFO\|gc.collect" | tail -30
     cp $RUNTMP/ktable2/bench_w4a16.* "$OUT/" 2>/dev/null
   fi
+  say "done"; exit 0
+fi
+if [ "${1:-all}" = splits ]; then
+  # shellcheck disable=SC2086
+  timeout "${SPLITS_TIMEOUT:-$(( $(left) - 10 ))}" python3 scripts/bench_w4a16.py --out $RUNTMP/splits --no-marlin --splits \
+    --rows ${SPLITS_ROWS:-1 2 4 16} --shapes "gate_proj, up_proj" down_proj 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -120
+  cp $RUNTMP/splits/bench_w4a16.* "$OUT/" 2>/dev/null
   say "done"; exit 0
 fi
 if [ "${1:-all}" = sweep ]; then
