@@ -39,6 +39,14 @@ SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_p
           "down_proj": (18944, 3584)}
 
 
+def shape_name(name: str) -> str:
+    """A SHAPES key from it or from one projection's name in it (gate_proj: 'gate_proj, up_proj')."""
+    for key in SHAPES:
+        if name == key or name in key.split(", "):
+            return key
+    raise argparse.ArgumentTypeError(f"{name!r} is none of {list(SHAPES)} nor a projection's name in them")
+
+
 def median_us(fn, repeats=3) -> float:
     return statistics.median(fn() for _ in range(repeats)) * 1e6
 
@@ -87,12 +95,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--splits", action="store_true", help="sweep only the Gluon kernel's split-K, at its default "
-                    "stages, at every --rows (programs from half a wave to three)")
+    ap.add_argument("--splits", action="store_true", help="sweep only the Gluon kernel's split-K, at every --rows "
+                    "(programs from half a wave to three), at its default columns and stages or these:")
+    ap.add_argument("--block-n", type=int, nargs="+", choices=(64, 128), help="with --splits: columns per program")
+    ap.add_argument("--stages", type=int, nargs="+", help="with --splits: 1 (registers) or 3+ (a ring of that many)")
+    ap.add_argument("--shared-x-from", type=int, help="rows from which x goes through shared memory (default "
+                    f"{w4a16_fragment.SHARED_X_FROM})")
     ap.add_argument("--no-marlin", action="store_true")
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), type=shape_name,
+                    help=f"of {list(SHAPES)} (a projection's name alone will do, e.g. gate_proj)")
     ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
     args = ap.parse_args(argv)
+    if args.shared_x_from:
+        w4a16_fragment.SHARED_X_FROM = args.shared_x_from
     if not torch.cuda.is_available():
         raise SystemExit("bench_w4a16: torch sees no GPU here; run it on the GPU machine")
     bad = [m for m in args.rows if not 1 <= m <= 16]
@@ -174,6 +189,12 @@ def main(argv=None) -> int:
                 row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
                 row["triton_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=ptx),
                                            (x, qw, qz, s))
+            if args.splits and tile.split_k > 1:    # the GEMM without its split-K sum (a wrong y, a true time)
+                plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
+                summed, plan.sum = plan.sum, None
+                row["gemm_only_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
+                                              (x, qw, qz, s))
+                plan.sum = summed
             row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)
@@ -206,7 +227,10 @@ def main(argv=None) -> int:
             rows.append(row)
             if (args.sweep and M in (1, 16)) or args.splits:
                 base = w4a16_default_tile(M, K, N, 128, sms, tile.unpack)
-                for tile in (split_tiles(base, K, N, sms) if args.splits else sweep_tiles(base, K)):
+                tiles = ([t for bn in args.block_n or [base.block_n] for st in args.stages or [base.num_stages]
+                          for t in split_tiles(dataclasses.replace(base, block_n=bn, num_stages=st), K, N, sms)]
+                         if args.splits else sweep_tiles(base, K))
+                for tile in tiles:
                     rec = {"shape": name, "M": M, **vars(tile), "us": None}
                     try:
                         y = w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=tile)

@@ -18,14 +18,16 @@
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
 # no fixture; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
-# `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench): the kernel's tests, gate and up
+# `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench, eager, fixture): the kernel's tests, gate and up
 # fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
 # sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
-# (kbench: M = 1 and 16 without Marlin, within KBENCH_TIMEOUT s, default 120),
+# (kbench: KBENCH_ROWS, default "1 16", without Marlin, within KBENCH_TIMEOUT s, default 120), one eager call's host
+# time piece by piece (eager: scripts/eager_w4a16.py),
 # the trained fixture through quantlab against gptq_torch (fixture).
-# `splits`: the Gluon kernel's split-K at gate/up and down (SPLITS_ROWS, default "1 2 4 16"), each with its programs
-# and how many fit the GPU at once, and eager calls at M = 1, with nothing compiling beside them.
+# `splits`: the Gluon kernel's split-K at gate/up and down (SPLITS_ROWS, default "1 2 4 16"; SPLITS_SHAPES; SPLITS_ARGS,
+# e.g. "--block-n 64 128 --stages 1 3"), each with its programs and how many fit the GPU at once, and eager calls
+# at M = 1, with nothing compiling beside them.
 # `model`: the kernel's tests, the 7B-shaped pair, Lab 03's own path (BF16 against Int4-quantlab, compiled, batch 16,
 # LAB03_LIMIT problems, default 64, within LAB03_TIMEOUT s; KBENCH=1 first: the kernel table at M = 1 and 16 without
 # Marlin), then (unless PROFILE=0) the decode profile under both attentions with lm-eval's stops (~9 minutes).
@@ -113,9 +115,14 @@ if [ "${1:-all}" = gated ]; then
         timeout 170 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 |
           grep -v -i "warn(\|^INFO\|gc.collect\|it/s\]" | tail -6
         cp $RUNTMP/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
+      eager)
+        say "one eager call's host time, piece by piece"
+        timeout 120 python3 scripts/eager_w4a16.py --profile --out $RUNTMP/eager/eager_w4a16.md 2>&1 | grep -v "^INFO" | head -8
+        cp $RUNTMP/eager/eager_w4a16.md "$OUT/" 2>/dev/null ;;
       kbench)
-        say "the kernel table at M = 1 and 16, eager calls"
-        timeout "${KBENCH_TIMEOUT:-120}" python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin --rows 1 16 2>&1 |
+        say "the kernel table at M = ${KBENCH_ROWS:-1 16}, eager calls"
+        # shellcheck disable=SC2086
+        timeout "${KBENCH_TIMEOUT:-120}" python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin --rows ${KBENCH_ROWS:-1 16} 2>&1 |
           grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -12
         cp $RUNTMP/kbench/bench_w4a16.* "$OUT/" 2>/dev/null ;;
     esac
@@ -166,7 +173,7 @@ fi
 if [ "${1:-all}" = splits ]; then
   # shellcheck disable=SC2086
   timeout "${SPLITS_TIMEOUT:-$(( $(left) - 10 ))}" python3 scripts/bench_w4a16.py --out $RUNTMP/splits --no-marlin --splits \
-    --rows ${SPLITS_ROWS:-1 2 4 16} --shapes "gate_proj, up_proj" down_proj 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -120
+    --rows ${SPLITS_ROWS:-1 2 4 16} --shapes ${SPLITS_SHAPES:-gate_proj down_proj} ${SPLITS_ARGS:-} 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -120
   cp $RUNTMP/splits/bench_w4a16.* "$OUT/" 2>/dev/null
   say "done"; exit 0
 fi

@@ -153,8 +153,9 @@ def test_cpu_without_the_interpreter_is_refused(monkeypatch):
     record("kernel", "w4a16_matmul on a CPU without Triton's interpreter", str(e.value))
 
 
-@pytest.mark.parametrize("K,N,split", [(3584, 3584, 14), (3584, 512, 28), (3584, 18944, 4), (18944, 3584, 19)])
-def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
+@pytest.mark.parametrize("K,N,split,fragment_split", [(3584, 3584, 14, 14), (3584, 512, 28, 28), (3584, 18944, 4, 3),
+                                                      (18944, 3584, 19, 17)])
+def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, fragment_split):
     # the GPU rule (132 SMs): ~8 programs per SM over whole K steps, a 3-deep pipeline, the same tile for
     # every M (a batch changes no summation order); fp16 scales without act-order unpack in PTX
     monkeypatch.setenv("TRITON_INTERPRET", "0")
@@ -163,19 +164,23 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split):
     assert unpack == "ptx" and tiles == {w4a16.W4A16Tile(64, 128, split, 4, 3, "ptx")}
     steps, per = K // 128, -(-K // 128 // split)
     assert (split - 1) * per < steps <= split * per                 # no program without a K step
-    # the Gluon kernel: 128 columns, half as many programs per SM, which at these shapes is the same split
+    # the Gluon kernel: 128 columns, the most programs that fit the GPU at once (one wave), the same at every M
     fragment = w4a16.w4a16_default_tile(1, K, N, 128, 132, "fragment")
-    assert fragment == w4a16.W4A16Tile(128, 128, split, 4, 1, "fragment")
+    assert fragment == w4a16.W4A16Tile(128, 128, fragment_split, 4, 1, "fragment")
+    blocks, places = -(-N // 128), w4a16_fragment.PROGRAMS_PER_SM * 132
+    assert blocks * fragment_split <= places or fragment_split == 1
+    per = -(-steps // fragment_split)
+    assert per == 1 or blocks * -(-steps // (per - 1)) > places      # the next split (a step less each) would not
     # from RING_ROWS rows its weight goes through a ring in shared memory (the same bits), with the same split
     rows = w4a16_fragment.RING_ROWS
     assert {w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment").num_stages for m in (rows - 1, rows, 16)} \
         == {1, w4a16_fragment.RING_STAGES}
     assert w4a16.w4a16_default_tile(16, K, N, 128, 132, "fragment") == dataclasses.replace(
         fragment, num_stages=w4a16_fragment.RING_STAGES)
-    # the gated kernel (two weights' words in flight) takes the ring at one row too, not at 2 to RING_ROWS - 1
+    # the gated kernel (two weights' words in flight) takes the ring at one row too: at every M
     ring = {m for m in range(1, 17) if w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment", gated=True).num_stages
             == w4a16_fragment.RING_STAGES}
-    assert ring == set(w4a16_fragment.GATED_RING_ROWS) | set(range(rows, 17)) and 1 in ring and 2 not in ring
+    assert ring == set(w4a16_fragment.GATED_RING_ROWS) | set(range(rows, 17)) and 1 in ring
     gated = {w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment", gated=True) for m in (1, 2, 16)}
     assert len({dataclasses.replace(t, num_stages=0) for t in gated}) == 1      # one split at every M
 

@@ -105,21 +105,24 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     'reshape'). Chosen from cold sweeps on the H100 at Qwen2.5-7B's shapes, M = 1 and 16 (docs/kernels.md);
     the same rule for every M up to 16, so a batch changes no summation order.
     Under the interpreter one wide program per up to 256 columns (it is slow per program, not per element).
-    'fragment': 128 columns (64 gated: two weights' registers), K steps of 128, about half as many programs
-    per SM (w4a16_fragment.PROGRAMS_PER_SM), the same split for every M; loads one step ahead into registers,
-    from RING_ROWS rows (and at one row, gated) through a ring of RING_STAGES slots in shared memory (the same
-    bits): its sweeps on the H100."""
+    'fragment': 128 columns (64 gated: two weights' registers), K steps of 128, the largest split whose programs
+    all fit the GPU at once at every M (w4a16_fragment.PROGRAMS_PER_SM: one wave, never a partial second);
+    loads one step ahead into registers, from RING_ROWS rows (and at one row, gated) through a ring of
+    RING_STAGES slots in shared memory (the same bits): its sweeps on the H100."""
     per_sm = PROGRAMS_PER_SM
     if unpack == "fragment":
         block_k, block_n = w4a16_fragment.BLOCK_K, (64 if gated else w4a16_fragment.BLOCK_N)
-        per_sm = w4a16_fragment.PROGRAMS_PER_SM
+        per_sm = w4a16_fragment.GATED_PROGRAMS_PER_SM if gated else w4a16_fragment.PROGRAMS_PER_SM
     else:
         block_k, block_n = w4a16_block_k(K, group_size), 64
     if interpreted():             # numpy's cost is per program and step: few, wide programs
         return W4A16Tile(max(16, min(256, triton.next_power_of_2(N))), block_k, 1, 1, 1, unpack)
     steps = K // block_k
     n_blocks = triton.cdiv(N, block_n)
-    split = max(1, min(steps, triton.cdiv(per_sm * max(sms, 1), n_blocks)))
+    if unpack == "fragment":       # one wave: as many programs as fit at once
+        split = max(1, min(steps, per_sm * max(sms, 1) // n_blocks))
+    else:
+        split = max(1, min(steps, triton.cdiv(per_sm * max(sms, 1), n_blocks)))
     per = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per)                             # no program left without a K step
     if unpack == "fragment":       # the ring in shared memory (w4a16_fragment.uses_ring): the same bits either way

@@ -44,24 +44,27 @@ except ImportError:            # a Triton without Gluon or its mma_v2 (< 3.6): t
 
 BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n per warp (BLOCK_N: 64 or 128)
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
-PROGRAMS_PER_SM = 4                                    # the split-K's aim (more registers per program than Triton's)
-# From 8 rows (depth 1), x is read once per program and step into shared memory for all four warps, not by
-# each warp (kept run 20261127-w4a16-rows16-h100, run6): at 16 rows faster at gate/up, down and q/o; at
-# 2 and 4 rows each warp's own loads were, and one row is compiled apart (15 rows' loads dropped). The same
-# bits either way. A setting a benchmark flips.
-SHARED_X_FROM = 8
+# Programs that fit an SM at once (sm_90, Triton 3.6): the split-K fills one wave of them and no more, so no
+# call runs a partial second wave (kept run 20261127-w4a16-waves-h100: gate/up at one row 20.3 us with 592
+# programs for 528 places, 17.7 with 444; down at 2 rows 22.5 with 532 for 396, 18.7 with 392). The plain
+# kernel: 4 at one row (the register loop's 128 registers a thread), 5 from 2 rows (the ring's 96 registers
+# and 39 KB of shared memory); the gated one: 5 from 2 rows, 6 at one row (79 registers, 27 KB).
+PROGRAMS_PER_SM, GATED_PROGRAMS_PER_SM = 4, 5
+# From 2 rows x is read once per program and step into shared memory for all four warps, not by each warp;
+# one row is compiled apart (15 rows' loads dropped). The same bits either way. A setting a benchmark flips.
+SHARED_X_FROM = 2
 # A tile's num_stages from RING_FROM on: the weight streamed through a ring of that many slots in shared memory
 # (cp.async), so bytes stay in flight without holding registers; below it, loaded into registers num_stages
 # (1 or 2) steps ahead. At most MAX_STAGES slots.
 RING_FROM, MAX_STAGES = 3, 8
-# A call gets the ring from RING_ROWS rows, of RING_STAGES slots (kept run 20261127-w4a16-ring-h100, runs 1-2):
-# at 16 rows the registers that held the next step's words are freed (164 -> 96 a thread), more programs fit an
-# SM, and gate/up, down and q/o ran 10-15 % faster; at 1, 2 and 4 rows the register loop was faster. More
-# slots: fewer programs per SM, slower.
-RING_ROWS, RING_STAGES = 8, 3
-# The gated kernel also takes the ring at one row: it holds two weights' next words, so the registers freed
-# matter more (124 -> 79 a thread); timed both ways at 1, 2, 4, 8 and 16 rows (kept run
-# 20261127-host-split-h100, run5), the ring won at one row and from 8, the register loop at 2 and 4.
+# A call gets the ring from RING_ROWS rows, of RING_STAGES slots: with x through shared memory too, 96 registers
+# a thread instead of 157-164 with the next step's words in registers, so 5 programs fit an SM instead of 3;
+# from 2 to 16 rows faster (kept runs 20261127-w4a16-ring-h100 runs 1-2, 20261127-w4a16-waves-h100). At one
+# row the register loop is faster (its step is short; the ring adds a barrier and loads back from shared
+# memory). More slots: fewer programs per SM, slower.
+RING_ROWS, RING_STAGES = 2, 3
+# The gated kernel takes the ring at one row too: it holds two weights' next words, so the registers freed
+# matter more (124 -> 79 a thread; kept run 20261127-host-split-h100, run5).
 GATED_RING_ROWS = (1,)
 
 

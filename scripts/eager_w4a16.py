@@ -1,0 +1,95 @@
+"""Where one eager W4A16 call's host time goes, at M = 1 on Qwen2.5-7B's shapes, on a GPU:
+
+    python scripts/eager_w4a16.py [--out OUT/eager_w4a16.md] [--profile]
+
+Eagerly (no CUDA graph) a call costs what the host spends issuing it, once the GPU is faster than that.
+Per shape, each piece is timed alone, 200 calls back to back, and only the host's part (the clock
+stops when the last call returns; utils.timing.time_eager(host_only=True)): the op through torch.ops,
+the function, the launch plan's run, each of its two launches (the GEMM, the split-K sum) through
+Triton's compiled kernel, and the two allocations a call makes. --profile: cProfile's top functions
+of 2,000 calls of the op at each shape.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from utils import gptq, timing  # noqa: E402
+from utils.kernels.w4a16 import w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
+
+SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
+          "down_proj": (18944, 3584)}
+
+
+def host_us(fn) -> float:
+    return timing.time_eager(fn, "cuda", host_only=True) * 1e6
+
+
+def pieces(K: int, N: int) -> dict:
+    """Host microseconds per call of each piece of one eager call at M = 1."""
+    qw, qz, s = (t.cuda() for t in gptq.pack_gptq_int4(torch.randn(K, N) * 0.02, 128))
+    x = torch.randn(1, K, device="cuda", dtype=torch.float16)
+    plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
+    y = plan.run(x, qw, qz, s, None, None)
+    part = torch.empty((plan.tile.split_k, 1, N), device="cuda", dtype=torch.float32)
+    args = (x, qw, qz, s, qw, y, y, part, qw, qz, s, y, 1, K, N, K)
+    row = {"tile": f"{plan.tile.block_n} cols, split {plan.tile.split_k}, stages {plan.tile.num_stages}",
+           "op": host_us(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1)),
+           "function": host_us(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1)),
+           "plan.run": host_us(lambda: plan.run(x, qw, qz, s, None, None)),
+           "GEMM launch": host_us(lambda: plan.gemm(args, True)),
+           "y and partials allocated": host_us(lambda: (torch.empty((1, N), device="cuda", dtype=torch.float16),
+                                                        torch.empty((plan.tile.split_k, 1, N), device="cuda",
+                                                                    dtype=torch.float32)))}
+    if plan.sum is not None:
+        row["sum launch"] = host_us(lambda: plan.sum((part, y, y, y, N, N), True))
+    row["both, full (host and GPU)"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+    return row, (x, qw, qz, s)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("eager_w4a16: torch sees no GPU here; run it on the GPU machine")
+    if args.out and args.out.exists():
+        raise SystemExit(f"--out: {args.out} exists; pass a new path")
+    rows, profiles = {}, []
+    for name, (K, N) in SHAPES.items():
+        rows[name], ops = pieces(K, N)
+        print(name, {k: (round(v, 1) if isinstance(v, float) else v) for k, v in rows[name].items()}, flush=True)
+        if args.profile:
+            prof = cProfile.Profile()
+            prof.runcall(lambda: [w4a16_op(*ops, None, None, 128, 1) for _ in range(2000)])
+            torch.cuda.synchronize()
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(12)
+            profiles.append(f"### {name}\n\n```\n{buf.getvalue().strip()}\n```\n")
+    cols = list(dict.fromkeys(k for r in rows.values() for k in r))
+    lines = [f"# One eager W4A16 call at M = 1, host microseconds per piece ({torch.cuda.get_device_name(0)}, "
+             f"{time.strftime('%Y-%m-%d', time.gmtime())}; torch {torch.__version__})", "",
+             "| shape | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(r[c] if isinstance(r.get(c), str) else
+                                                 ("-" if c not in r else f"{r[c]:.1f}") for c in cols) + " |")
+    text = "\n".join(lines + [""] + profiles) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
