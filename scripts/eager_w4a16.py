@@ -4,9 +4,10 @@
 
 Eagerly (no CUDA graph) a call costs what the host spends issuing it, once the GPU is faster than that.
 Per shape, each piece is timed alone, 200 calls back to back, and only the host's part (the clock
-stops when the last call returns; utils.timing.time_eager(host_only=True)): the op through torch.ops,
-the function, the launch plan's run, each of its two launches (the GEMM, the split-K sum) through
-Triton's compiled kernel, and the two allocations a call makes. --profile: cProfile's top functions
+stops when the last call returns; utils.timing.time_eager(host_only=True)), in rounds (the median of 7):
+the op through torch.ops, the function, the launch plan's run, each of its two launches (the GEMM, the
+split-K sum) as the plan makes them, the GEMM through Triton's own per-call wrapper instead, and the two
+allocations a call makes; and the op's whole time (host and GPU). --profile: cProfile's top functions
 of 2,000 calls of the op at each shape.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,29 +32,36 @@ SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_p
           "down_proj": (18944, 3584)}
 
 
-def host_us(fn) -> float:
-    return timing.time_eager(fn, "cuda", host_only=True) * 1e6
-
-
-def pieces(K: int, N: int) -> dict:
-    """Host microseconds per call of each piece of one eager call at M = 1."""
+def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
+    """Host microseconds per call of each piece of one eager call at M = 1: the median over `rounds`
+    rounds, each timing every piece in turn (a host whose speed drifts then moves all pieces alike)."""
     qw, qz, s = (t.cuda() for t in gptq.pack_gptq_int4(torch.randn(K, N) * 0.02, 128))
     x = torch.randn(1, K, device="cuda", dtype=torch.float16)
     plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
     y = plan.run(x, qw, qz, s, None, None)
     part = torch.empty((plan.tile.split_k, 1, N), device="cuda", dtype=torch.float32)
     args = (x, qw, qz, s, qw, y, y, part, qw, qz, s, y, 1, K, N, K)
-    row = {"tile": f"{plan.tile.block_n} cols, split {plan.tile.split_k}, stages {plan.tile.num_stages}",
-           "op": host_us(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1)),
-           "function": host_us(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1)),
-           "plan.run": host_us(lambda: plan.run(x, qw, qz, s, None, None)),
-           "GEMM launch": host_us(lambda: plan.gemm(args, True)),
-           "y and partials allocated": host_us(lambda: (torch.empty((1, N), device="cuda", dtype=torch.float16),
-                                                        torch.empty((plan.tile.split_k, 1, N), device="cuda",
-                                                                    dtype=torch.float32)))}
+    tritons = plan.gemm.compiled[tuple(plan.gemm.grid) + (1,)]          # Triton's own per-call wrapper
+    fns = {"op": lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1),
+           "function": lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1),
+           "plan.run": lambda: plan.run(x, qw, qz, s, None, None),
+           "GEMM launch": lambda: plan.gemm(args, True),
+           "GEMM launch, Triton's wrapper": lambda: tritons(*args, *plan.gemm.tail),
+           "y and partials allocated": lambda: (torch.empty((1, N), device="cuda", dtype=torch.float16),
+                                                torch.empty((plan.tile.split_k, 1, N), device="cuda",
+                                                            dtype=torch.float32))}
     if plan.sum is not None:
-        row["sum launch"] = host_us(lambda: plan.sum((part, y, y, y, N, N), True))
-    row["both, full (host and GPU)"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+        fns["sum launch"] = lambda: plan.sum((part, y, y, y, N, N), True)
+    times = {k: [] for k in fns}
+    full = []
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(timing.time_eager(fn, "cuda", repeats=1, host_only=True) * 1e6)
+        full.append(timing.time_eager(fns["op"], "cuda", repeats=1) * 1e6)
+    row = {"tile": f"{plan.tile.block_n} cols, split {plan.tile.split_k}, stages {plan.tile.num_stages}",
+           "launch": "direct" if getattr(plan.gemm.runner, "__name__", "") == "launch" else "Triton's wrapper",
+           **{k: statistics.median(v) for k, v in times.items()},
+           "op, host and GPU": statistics.median(full)}
     return row, (x, qw, qz, s)
 
 

@@ -350,3 +350,32 @@ def test_int4_gemv_plan_hit_costs_microseconds_on_the_host():
         kernels.int4_gemv_plan(x, qw, qz, s, 128, block_n=32, split_k=4)
     cold = min(per_call(miss, 200) for _ in range(3))
     assert hit < 10e-6 and hit * 3 < cold, (hit, cold)
+
+
+def test_direct_launch_calls_the_launcher_as_tritons_wrapper_does(monkeypatch):
+    import inspect
+    from types import SimpleNamespace
+
+    import triton
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    from utils.kernels.gemv import direct_launch
+    calls = []
+
+    class Launcher:                   # the installed Triton's launcher layout, recording its calls
+        def __call__(self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                     launch_enter_hook, launch_exit_hook, *args):
+            calls.append((gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
+                          launch_enter_hook, launch_exit_hook, args))
+
+    assert list(inspect.signature(CudaLauncher.__call__).parameters) == \
+        list(inspect.signature(Launcher.__call__).parameters)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 100 + d, raising=False)
+    compiled = SimpleNamespace(run=Launcher(), function=7, packed_metadata=(1, 2))
+    direct_launch(compiled, (5, 2))("x", 1)
+    assert calls == [(5, 2, 1, 103, 7, (1, 2), None, None, None, ("x", 1))]   # the current device's stream
+    # a launcher laid out otherwise, or a profiler's launch hook set: None, and Triton's own wrapper serves
+    assert direct_launch(SimpleNamespace(run=lambda *a: None, function=7, packed_metadata=(1,)), (1,)) is None
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert direct_launch(compiled, (5, 2)) is None
