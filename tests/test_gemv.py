@@ -375,6 +375,15 @@ def test_direct_launch_calls_the_launcher_as_tritons_wrapper_does(monkeypatch):
     compiled = SimpleNamespace(run=Launcher(), function=7, packed_metadata=(1, 2))
     direct_launch(compiled, (5, 2))("x", 1)
     assert calls == [(5, 2, 1, 103, 7, (1, 2), None, None, None, ("x", 1))]   # the current device's stream
+    # Triton 3.6's layout (the rest in *args) is called the same way
+    calls.clear()
+
+    class Launcher36:
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            calls.append((gridX, gridY, gridZ, stream, function, args))
+
+    direct_launch(SimpleNamespace(run=Launcher36(), function=7, packed_metadata=(1, 2)), (5,))("x")
+    assert calls == [(5, 1, 1, 103, 7, ((1, 2), None, None, None, "x"))]
     # a launcher laid out otherwise, or a profiler's launch hook set: None, and Triton's own wrapper serves
     assert direct_launch(SimpleNamespace(run=lambda *a: None, function=7, packed_metadata=(1,)), (1,)) is None
     monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)

@@ -72,8 +72,10 @@ def direct_launch(compiled, grid):
     except (TypeError, ValueError, AttributeError):
         return None
     head = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    # (grid, stream, function, metadata, launch metadata, two hooks, the kernel's arguments): named in
+    # Triton 3.9, the last six in *args in 3.6
     if hooked or None in (fn, meta, stream, device) or head[:5] != ["gridX", "gridY", "gridZ", "stream", "function"] \
-            or len(head) != 9 or params[-1].kind is not params[-1].VAR_POSITIONAL:
+            or len(head) not in (5, 9) or params[-1].kind is not params[-1].VAR_POSITIONAL:
         return None
     g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
 
