@@ -368,20 +368,19 @@ def test_direct_launch_calls_the_launcher_as_tritons_wrapper_does(monkeypatch):
             calls.append((gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata,
                           launch_enter_hook, launch_exit_hook, args))
 
-    assert list(inspect.signature(CudaLauncher.__call__).parameters) == \
-        list(inspect.signature(Launcher.__call__).parameters)
+    class Launcher36:                 # Triton 3.6's: the metadata, the hooks and the arguments in *args
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            calls.append((gridX, gridY, gridZ, stream, function, args))
+
+    layouts = [list(inspect.signature(k.__call__).parameters) for k in (Launcher, Launcher36)]
+    assert list(inspect.signature(CudaLauncher.__call__).parameters) in layouts     # the installed Triton's
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 3, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 100 + d, raising=False)
     compiled = SimpleNamespace(run=Launcher(), function=7, packed_metadata=(1, 2))
     direct_launch(compiled, (5, 2))("x", 1)
     assert calls == [(5, 2, 1, 103, 7, (1, 2), None, None, None, ("x", 1))]   # the current device's stream
-    # Triton 3.6's layout (the rest in *args) is called the same way
+    # Triton 3.6's layout is called the same way
     calls.clear()
-
-    class Launcher36:
-        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
-            calls.append((gridX, gridY, gridZ, stream, function, args))
-
     direct_launch(SimpleNamespace(run=Launcher36(), function=7, packed_metadata=(1, 2)), (5,))("x")
     assert calls == [(5, 1, 1, 103, 7, ((1, 2), None, None, None, "x"))]
     # a launcher laid out otherwise, or a profiler's launch hook set: None, and Triton's own wrapper serves
