@@ -287,7 +287,7 @@ def markdown(meta, rows, sweep) -> str:
            "CUDA-graph replay; rel = relative L2 against float64 x @ W (W the reference dequant); the bound is "
            "the course's derived one for fp16.", "",
            "| shape | K -> N | M | ours (unpack) us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
-           "| ours / Marlin | ours, x the other way (from 8 rows into shared memory, below by every warp) us (same "
+           "| ours / Marlin | ours, x the other way (from 2 rows into shared memory, at one row by every warp) us (same "
            "bits) | ours, the weight the other way (registers or the ring in shared memory) us (same bits) "
            "| Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 16]
     for r in rows:

@@ -19,8 +19,8 @@ The layouts are spelled out (Gluon's DistributedLinearLayout): lanes 0-1 pick th
 block (t), lanes 2-4 the row n mod 8 (for x: the row m mod 8), a register n + 8 (m + 8) and, at 128
 columns, n + 64, the warps n + 16 and n + 32 (x: the same for every warp), registers the blocks b and a
 word's eight rows. The product is mma.sync (m16n8k16) with both operands in registers: Hopper's wgmma
-wants x in shared memory, and staging it there lost (the kept run). Below 8 rows the next step's words,
-zero points and scales are loaded into registers while one step computes. From 8 rows those registers
+wants x in shared memory, and staging it there lost (the kept run). At one row the next step's words,
+zero points and scales are loaded into registers while one step computes. From 2 rows those registers
 are what limits how many programs fit an SM, so the packed bytes are streamed instead: cp.async copies
 each step into a ring of slots in shared memory two steps ahead, and each thread loads its words back
 in the same fragment layout (w4a16_layouts.py; RING_ROWS). Every warp would load the same x there, so x
