@@ -21,9 +21,6 @@ from .gemv_plan import (GEMV_CONFIGS, GEMV_FIXUPS, SUM_BLOCK, fixup_args, gemv_c
                         gemv_state_words, int4_gemv_default_tile, int4_gemv_dequant, row_acc)
 
 
-DIRECT_LAUNCH = True         # launch plans through direct_launch (off: Triton's runner; a benchmark flips it)
-
-
 def _prune(configs, named_args, **kwargs):
     """The autotuner's early_config_prune: gemv_candidates for this call's shape and device."""
     x = named_args["x_ptr"]
@@ -104,8 +101,8 @@ class Launch:
             names = self.fn.arg_names[len(args):]
             self.tail = tuple(self.consts[n] for n in names)
             grid = tuple(self.grid) + (1,) * (3 - len(self.grid))
-            self.runner = compiled[grid]          # it reads grid[0..2]; it also loads the kernel's handles
-            self.runner = DIRECT_LAUNCH and direct_launch(compiled, grid) or self.runner
+            tritons = compiled[grid]              # Triton's wrapper; it also loads the kernel's handles
+            self.runner = direct_launch(compiled, grid) or tritons
 
 
 @dataclass
