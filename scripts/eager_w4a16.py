@@ -25,11 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench_w4a16 import SHAPES  # noqa: E402  (Qwen2.5-7B's linear shapes; this script's folder is on the path)
 from utils import gptq, timing  # noqa: E402
 from utils.kernels.w4a16 import w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
-
-SHAPES = {"q_proj, o_proj": (3584, 3584), "k_proj, v_proj": (3584, 512), "gate_proj, up_proj": (3584, 18944),
-          "down_proj": (18944, 3584)}
 
 
 def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:

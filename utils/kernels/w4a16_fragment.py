@@ -46,7 +46,7 @@ BLOCK_N, BLOCK_K, WARPS = 128, 128, 4                  # two 16-row slabs of n p
 DEPTH = 1                                              # K steps' loads in flight ahead of the one computed
 # Programs that fit an SM at once (sm_90, Triton 3.6): the split-K fills one wave of them and no more, so no
 # call runs a partial second wave (kept run 20261127-w4a16-waves-h100: gate/up at one row 20.3 us with 592
-# programs for 528 places, 17.7 with 444; down at 2 rows 22.5 with 532 for 396, 18.7 with 392). The plain
+# programs for 528 places, 17.7 with 444; down at 2 rows 22.5 with 532 for 396, 19.5 with 392). The plain
 # kernel: 4 at one row (the register loop's 128 registers a thread), 5 from 2 rows (the ring's 96 registers
 # and 39 KB of shared memory); the gated one: 5 from 2 rows, 6 at one row (79 registers, 27 KB).
 PROGRAMS_PER_SM, GATED_PROGRAMS_PER_SM = 4, 5
