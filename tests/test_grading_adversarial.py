@@ -201,9 +201,13 @@ def in_bwrap(tmp_path_factory):
     save(lab01(), subs, "aa_honest")
     save(imports_reference(), subs, "imports_ref")
     save(rebinds_checks(), subs, "rebinds_checks")
-    nb = add_helper(lab01(), _probe(paths) + "import sys\nfound = [p for r, _, fs in os.walk('/') if not r.startswith(('/proc', '/sys', '/usr', '/dev', '/etc', sys.prefix, sys.base_prefix))\n"
-                    "         for p in [os.path.join(r, f) for f in fs] if os.path.getsize(p) < 10**6\n"
-                    "         and ('20' + '39.0') in open(p, errors='ignore').read()]\n"
+    # every file it can read outside the system's and Python's own trees (pruned from the walk: within the cell
+    # limit on a loaded machine too)
+    nb = add_helper(lab01(), _probe(paths) + "import sys\nskip = ('/proc', '/sys', '/usr', '/dev', '/etc', sys.prefix, sys.base_prefix)\n"
+                    "found = []\nfor r, ds, fs in os.walk('/'):\n"
+                    "    ds[:] = [d for d in ds if not os.path.join(r, d).startswith(skip)]\n"
+                    "    found += [p for p in [os.path.join(r, f) for f in fs] if not r.startswith(skip)\n"
+                    "              and os.path.getsize(p) < 10**6 and ('20' + '39.0') in open(p, errors='ignore').read()]\n"
                     "print('HIDDEN INPUTS FOUND' if found else 'no hidden inputs anywhere', found)\n"
                     "print('INTERFACES', sorted(ln.split(':')[0].strip() for ln in open('/proc/net/dev').readlines()[2:]))")
     set_solution(nb, "ridge_point", RIDGE.format(body="open(PATHS['source']).read().count('SOLUTION') and " + RIGHT_RIDGE))
