@@ -183,6 +183,8 @@ def test_default_tile_on_an_h100_at_qwen_shapes(monkeypatch, K, N, split, fragme
     assert ring == set(w4a16_fragment.GATED_RING_ROWS) | set(range(rows, 17)) and 1 in ring
     gated = {w4a16.w4a16_default_tile(m, K, N, 128, 132, "fragment", gated=True) for m in (1, 2, 16)}
     assert len({dataclasses.replace(t, num_stages=0) for t in gated}) == 1      # one split at every M
+    g = gated.pop()                                                 # its programs fit one wave too
+    assert -(-N // g.block_n) * g.split_k <= w4a16_fragment.GATED_PROGRAMS_PER_SM * 132 or g.split_k == 1
 
 
 def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):
