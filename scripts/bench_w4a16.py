@@ -94,8 +94,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--sweep", action="store_true")
-    ap.add_argument("--splits", action="store_true", help="sweep only the Gluon kernel's split-K, at every --rows "
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--sweep", action="store_true")
+    which.add_argument("--splits", action="store_true", help="sweep only the Gluon kernel's split-K, at every --rows "
                     "(programs from half a wave to three), at its default columns and stages or these:")
     ap.add_argument("--block-n", type=int, nargs="+", choices=(64, 128), help="with --splits: columns per program")
     ap.add_argument("--stages", type=int, nargs="+", help="with --splits: 1 (registers) or 3+ (a ring of that many)")
@@ -106,7 +107,11 @@ def main(argv=None) -> int:
                     help=f"of {list(SHAPES)} (a projection's name alone will do, e.g. gate_proj)")
     ap.add_argument("--marlin-into", type=Path, help="an earlier run's bench_w4a16.json: add Marlin's columns to it")
     args = ap.parse_args(argv)
-    if args.shared_x_from:
+    if (args.block_n or args.stages) and not args.splits:
+        raise SystemExit("--block-n and --stages shape the --splits sweep: pass --splits with them")
+    if args.shared_x_from is not None:
+        if not 1 <= args.shared_x_from <= 17:
+            raise SystemExit(f"--shared-x-from: {args.shared_x_from} outside 1..17 (17: x never through shared memory)")
         w4a16_fragment.SHARED_X_FROM = args.shared_x_from
     if not torch.cuda.is_available():
         raise SystemExit("bench_w4a16: torch sees no GPU here; run it on the GPU machine")
@@ -194,7 +199,7 @@ def main(argv=None) -> int:
                 yb = torch.empty((M, N), device="cuda", dtype=x.dtype)
                 part = torch.empty((plan.tile.split_k, M, N), device="cuda", dtype=torch.float32)
                 row["gemm_only_us"] = cold_us(lambda a, b, c, d: plan.gemm(
-                    (a, b, c, d, b, yb, yb, part, b, c, d, yb, M, K, N, K), True), (x, qw, qz, s))
+                    plan.launch_args(a, b, c, d, None, None, yb, part)[0], True), (x, qw, qz, s))
             row["bytes"] = qw.numel() * 4 + qz.numel() * 4 + s.numel() * 2 + x.numel() * 2 + M * N * 2
             row["ours_gbps"] = row["bytes"] / row["ours_us"] / 1e3
             xb = x.to(torch.bfloat16)

@@ -38,7 +38,7 @@ def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
     plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
     y = plan.run(x, qw, qz, s, None, None)
     part = torch.empty((plan.tile.split_k, 1, N), device="cuda", dtype=torch.float32)
-    args = (x, qw, qz, s, qw, y, y, part, qw, qz, s, y, 1, K, N, K)
+    args, sum_args, _ = plan.launch_args(x, qw, qz, s, None, None, y, part)
     tritons = plan.gemm.compiled[tuple(plan.gemm.grid) + (1,)]          # Triton's own per-call wrapper
     fns = {"op": lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1),
            "function": lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1),
@@ -49,7 +49,7 @@ def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
                                                 torch.empty((plan.tile.split_k, 1, N), device="cuda",
                                                             dtype=torch.float32))}
     if plan.sum is not None:
-        fns["sum launch"] = lambda: plan.sum((part, y, y, y, N, N), True)
+        fns["sum launch"] = lambda: plan.sum(sum_args, True)
     times = {k: [] for k in fns}
     full = []
     for _ in range(rounds):

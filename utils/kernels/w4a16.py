@@ -174,26 +174,32 @@ class W4A16Plan:
                 return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
         return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
 
-    def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
-        y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
-                                                      device=x.device, dtype=torch.float32)
+    def launch_args(self, x, qweight, qzeros, scales, g_idx, bias, y, part, second=None) -> tuple[tuple, tuple, bool]:
+        """The GEMM's and the sum kernel's arguments, in their order, for output y and split-K partials part (a
+        missing g_idx, bias or second weight stands in by another tensor the kernel does not read), and
+        whether the operands are 16-byte aligned (y and part: fresh from the allocator, aligned)."""
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
         aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
-                   | b.data_ptr()) % 16 == 0             # y and part: fresh from the allocator, aligned
+                   | b.data_ptr()) % 16 == 0
         if second is None:
             qw2, qz2, s2, b2 = qweight, qzeros, scales, b
         else:
             qw2, qz2, s2, b2 = second
             b2 = b2 if b2 is not None else y
             aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
-        ptrs = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2)
+        return ((x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, self.M, self.K, self.N, self.K),
+                (part, b, b2, y, self.M * self.N, self.N), aligned)
+
+    def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
+        y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
+        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
+                                                      device=x.device, dtype=torch.float32)
+        gemm_args, sum_args, aligned = self.launch_args(x, qweight, qzeros, scales, g_idx, bias, y, part, second)
         self.calls += 1
-        (self.gemm if aligned or self.unaligned is None else self.unaligned)((*ptrs, self.M, self.K, self.N, self.K),
-                                                                            aligned)
+        (self.gemm if aligned or self.unaligned is None else self.unaligned)(gemm_args, aligned)
         if self.sum is not None:
-            self.sum((part, b, b2, y, self.M * self.N, self.N), aligned)
+            self.sum(sum_args, aligned)
         return y
 
 
