@@ -7,7 +7,7 @@ import torch
 
 from bad_input_table import record
 from utils import gptq, kernels, metrics
-from utils.kernels import w4a16, w4a16_fragment
+from utils.kernels import w4a16, w4a16_fragment, w4a16_launch
 
 DEVICE = "cpu" if kernels.interpreted() else "cuda"
 # the Gluon kernel runs here (an NVIDIA sm_80+ GPU, a Triton with Gluon): its tile joins every unpacking's test
@@ -204,7 +204,7 @@ def test_the_fragment_kernel_is_chosen_where_it_serves(monkeypatch):
     assert "sm_80+" in w4a16.fragment_refusal(**ok)
     # the default: where it serves (as on a GPU that runs it), on Hopper only, where it was measured
     x = torch.empty(1, 3584, dtype=torch.float16)
-    monkeypatch.setattr(w4a16, "fragment_refusal", lambda *a: None)
+    monkeypatch.setattr(w4a16_launch, "fragment_refusal", lambda *a: None)
     cap["cap"] = (9, 0)
     assert w4a16.w4a16_default_unpack(torch.float16, False, x, 128) == "fragment"
     cap["cap"] = (8, 9)

@@ -9,7 +9,8 @@ Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported) at smal
     grouped.py       grouped_matmul and its kernel choice (pointer and TMA kernels in Triton)
     grouped_gluon.py the warp-specialized grouped GEMM in Gluon (sm_90)
     gemv_kernels.py  the Int4 GEMV's Triton code; gemv_plan.py how it is launched; gemv.py int4_gemv
-    w4a16_kernels.py the W4A16 kernel's Triton code (M = 1..16 rows, tensor cores); w4a16.py w4a16_matmul,
+    w4a16_kernels.py the W4A16 kernel's Triton code (M = 1..16 rows, tensor cores), w4a16_fragment.py its Gluon
+                     code (sm_80+), w4a16_launch.py the tile a call gets and its launches; w4a16.py w4a16_matmul,
                      w4a16_gated_silu (a gated MLP's gate and up in one launch) and their torch custom ops
                      (torch.ops.quantlab.*), what gptq_backend quantlab runs
     stream.py        stream_read, the read floor
