@@ -189,13 +189,23 @@ def main(argv=None) -> int:
                                                            y)
                 row["w_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1,
                                                                                 tile=other), (x, qw, qz, s))
+            if not args.splits and tile.unpack == "fragment" and tile.split_k > 1:    # the split-K sum the other way
+                row["last_sum"] = w4a16_plan(x, qw, qz, s, None, None, 128, 1).counts is not None
+                w4a16_fragment.LAST_SUM = not w4a16_fragment.LAST_SUM
+                row["sum_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
+                row["sum_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
+                                                  (x, qw, qz, s))
+                if M == 1:
+                    row["eager_sum_other_way_us"] = timing.time_eager(
+                        lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
+                w4a16_fragment.LAST_SUM = not w4a16_fragment.LAST_SUM
             if not args.splits and tile.unpack == "fragment":     # beside it, the Triton kernel's default (PTX)
                 ptx = w4a16_default_tile(M, K, N, 128, sms, "ptx")
                 row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
                 row["triton_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=ptx),
                                            (x, qw, qz, s))
-            if args.splits and tile.split_k > 1:    # the GEMM alone, into its partials, without the split-K sum
-                plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
+            plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
+            if args.splits and plan.sum is not None:    # the GEMM alone, into its partials, without the split-K sum
                 yb = torch.empty((M, N), device="cuda", dtype=x.dtype)
                 part = torch.empty((plan.tile.split_k, M, N), device="cuda", dtype=torch.float32)
                 row["gemm_only_us"] = cold_us(lambda a, b, c, d: plan.gemm(
@@ -221,9 +231,6 @@ def main(argv=None) -> int:
                 row["eager_op_host_us"] = timing.time_eager(lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1), "cuda",
                                                             host_only=True) * 1e6
                 row["eager_replanned"] = cache.plans_made != plans
-                w4a16.SUM_PDL = True                     # the same call with its sum kernel launched with PDL
-                row["eager_pdl_us"] = timing.time_eager(lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1), "cuda") * 1e6
-                w4a16.SUM_PDL = False
                 if marlin:
                     with torch.no_grad():
                         row["eager_marlin_us"] = timing.time_eager(lambda: marlin[0](x), "cuda") * 1e6
@@ -294,25 +301,28 @@ def markdown(meta, rows, sweep) -> str:
            "| shape | K -> N | M | ours (unpack) us | ours GB/s | ours rel | same bits x3 | Marlin us | Marlin rel "
            "| ours / Marlin | ours, x the other way (from 2 rows into shared memory, at one row by every warp) us (same "
            "bits) | ours, the weight the other way (registers or the ring in shared memory) us (same bits) "
-           "| Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 16]
+           "| ours' split-K sum (last: its last program, kernel: the sum kernel), and the other way us (same bits) "
+           "| Triton kernel (ptx) us (rel) | Int4 GEMV us (rel) | bf16 us | bound |", "|" + "---|" * 17]
     for r in rows:
         ratio = r["ours_us"] / r["marlin_us"] if r.get("marlin_us") else None
         gemv = f"{f(r.get('gemv_us'))} ({r['gemv_rel']:.1e})" if r.get("gemv_us") else "-"
         triton_col = f"{f(r['triton_us'])} ({r['triton_rel']:.1e})" if r.get("triton_us") else "-"
         other_x = f"{f(r['x_other_way_us'])} ({r['x_other_way_same_bits']})" if r.get("x_other_way_us") else "-"
         other_w = f"{f(r['w_other_way_us'])} ({r['w_other_way_same_bits']})" if r.get("w_other_way_us") else "-"
+        other_sum = (f"{'last' if r['last_sum'] else 'kernel'}; {f(r['sum_other_way_us'])} "
+                     f"({r['sum_other_way_same_bits']})" if r.get("sum_other_way_us") else "-")
         out.append(f"| {r['shape']} | {r['K']} -> {r['N']} | {r['M']} | {f(r['ours_us'])} ({r['tile']['unpack']}) "
                    f"| {f(r['ours_gbps'], 0)} | {r['ours_rel']:.2e} | {r['ours_same_bits']} | {f(r.get('marlin_us'))} "
                    f"| {'-' if r.get('marlin_rel') is None else format(r['marlin_rel'], '.2e')} | {f(ratio, 2)} "
-                   f"| {other_x} | {other_w} "
+                   f"| {other_x} | {other_w} | {other_sum} "
                    f"| {triton_col} | {gemv} "
                    f"| {f(r['bf16_us'])} | {r['bound']:.1e} |")
     out += ["", "Eager, one call at M = 1 from Python (hot weights, 200 calls between two synchronizes):", "",
-            "| shape | w4a16_matmul us | the same, sum kernel with PDL | torch.ops.quantlab.w4a16_matmul us "
+            "| shape | w4a16_matmul us | the same, its split-K sum the other way | torch.ops.quantlab.w4a16_matmul us "
             "| its host part (enqueue) us | Marlin layer us |", "|---|---|---|---|---|---|"]
     for r in rows:
         if r["M"] == 1:
-            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_pdl_us'))} | {f(r['eager_op_us'])} "
+            out.append(f"| {r['shape']} | {f(r['eager_us'])} | {f(r.get('eager_sum_other_way_us'))} | {f(r['eager_op_us'])} "
                        f"| {f(r.get('eager_op_host_us'))} | {f(r.get('eager_marlin_us'))} |")
     if sweep:
         out += ["", "Tile sweep (us, cold; registers and spills of the compiled kernel):", "",

@@ -82,7 +82,7 @@ esac
 if [ "${1:-all}" = gated ]; then
   STEPS=" ${GATED_STEPS:-tests bench lab03 profile} "
   if [[ $STEPS == *" tests "* ]]; then
-    TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_gated.py 2>&1 |
+    TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py tests/test_w4a16_gated.py 2>&1 |
       tee "$OUT/tests.log" | tail -2
   fi
   if [[ $STEPS == *" bench "* ]]; then
@@ -130,7 +130,7 @@ if [ "${1:-all}" = gated ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = model ]; then
-  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -2
+  TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py 2>&1 | tee "$OUT/tests.log" | tail -2
   if [ "${KBENCH:-0}" = 1 ]; then
     timeout 120 python3 scripts/bench_w4a16.py --out $RUNTMP/kbench --no-marlin --rows 1 16 2>&1 | grep -v "^INFO\|gc.collect" |
       grep -v "^|" | tail -12
@@ -153,7 +153,7 @@ if [ "${1:-all}" = model ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = table ]; then
-  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py ${TESTS_MORE:-} \
+  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py ${TESTS_MORE:-} \
     2>&1 | tee "$OUT/tests.log" | tail -3
   if [ "${FIXTURE:-1}" = 1 ]; then
     say "the trained fixture: quantlab against gptq_torch"
@@ -178,7 +178,7 @@ if [ "${1:-all}" = splits ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = sweep ]; then
-  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py ${TESTS_MORE:-} \
+  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py ${TESTS_MORE:-} \
     2>&1 | tee "$OUT/tests.log" | tail -3
   timeout "${SWEEP_TIMEOUT:-330}" python3 scripts/bench_w4a16.py --out $RUNTMP/ksweep --no-marlin --sweep --rows 1 16 \
     --shapes "gate_proj, up_proj" down_proj "q_proj, o_proj" 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -80
@@ -193,7 +193,7 @@ if [ "${1:-all}" = sweep ]; then
 fi
 
 say "tests, compiled"
-TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py 2>&1 | tee "$OUT/tests.log" | tail -5
+TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py 2>&1 | tee "$OUT/tests.log" | tail -5
 
 unpack_gsm8k
 build_pair

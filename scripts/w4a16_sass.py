@@ -1,6 +1,7 @@
 """What the W4A16 kernel's main loop executes on an NVIDIA GPU, read from its machine code, without a GPU.
 
-    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx fragment] [--block-n 64] [--warps 4] [--stages 3] [--out DIR]
+    python scripts/w4a16_sass.py [--arch 90] [--unpack reshape join ptx fragment] [--block-n 64] [--warps 4] [--stages 3]
+        [--split-k 4] [--last-sum] [--one-row] [--gated] [--out DIR]
 
 Triton compiles a kernel for a target it is told (--arch: 90 the H100/H200, 89 the RTX 4090) with its own bundled ptxas, and
 its bundled nvdisasm prints the machine code (SASS). Per unpacking: the instructions of the K loop's body
@@ -32,10 +33,11 @@ OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9]*)")
 
 
 def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int = 90, gated: bool = False,
-                 pdl: bool = False, one_row: bool = False) -> tuple[str, int]:
+                 pdl: bool = False, one_row: bool = False, split_k: int = 4, last_sum: bool = False) -> tuple[str, int]:
     """The kernel at Qwen2.5-7B's gate/up tile (K block 128, group 128, fp16, v1 zeros) compiled for sm_<arch>;
     gated: gate and up in one (w4a16_gated_silu); pdl: with its sum kernel's programmatic launch; one_row:
-    the Gluon kernel as a one-row call runs it (M = 1 is compiled apart). Returns the SASS and the registers a
+    the Gluon kernel as a one-row call runs it (M = 1 is compiled apart); last_sum: with its split-K sum in its last
+    program (w4a16_fragment.last_sum). Returns the SASS and the registers a
     thread holds (they set how many programs fit an SM)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -56,8 +58,10 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
             raise SystemExit(f"--unpack fragment: Triton {triton.__version__} has no Gluon with mma_v2 (3.6 or later)")
         # as w4a16.W4A16Plan makes it: one row (M = 1, compiled apart) with x loaded by each warp; 16 rows with x
         # read once per program into shared memory (at depth 1)
-        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=4,
-                      GATED=gated, **w4a16_fragment.pipeline(1 if one_row else 16, stages))
+        sig["count_ptr"] = "*i32"
+        consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, SPLIT_K=split_k,
+                      GATED=gated, LAST_SUM=last_sum, SUM_ROWS=1 if one_row else 16,
+                      **w4a16_fragment.pipeline(1 if one_row else 16, stages))
         if one_row:
             consts["M"] = 1
         sig.update({k: "constexpr" for k in consts})
@@ -65,7 +69,7 @@ def compile_sass(unpack: str, block_n: int, warps: int, stages: int, arch: int =
                            target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4))
     else:
         consts = dict(GROUP=128, ZP_ADD=V1_ZERO_WORD, ACT_ORDER=False, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n,
-                      BLOCK_K=128, SPLIT_K=4, PRECISION=None, UNPACK=UNPACKS.index(unpack), GATED=gated, PDL=pdl)
+                      BLOCK_K=128, SPLIT_K=split_k, PRECISION=None, UNPACK=UNPACKS.index(unpack), GATED=gated, PDL=pdl)
         sig.update({k: "constexpr" for k in consts})
         k = triton.compile(ASTSource(w4a16_kernel, sig, consts, aligned), target=GPUTarget("cuda", arch, 32),
                            options=dict(num_warps=warps, num_stages=stages))
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gated", action="store_true", help="gate and up in one program (w4a16_gated_silu)")
     ap.add_argument("--pdl", action="store_true", help="with the sum kernel's programmatic dependent launch")
     ap.add_argument("--one-row", action="store_true", help="the Gluon kernel as a one-row call runs it")
+    ap.add_argument("--split-k", type=int, default=4, help="ranges of K steps (programs per column block)")
+    ap.add_argument("--last-sum", action="store_true", help="the Gluon kernel's split-K sum in its last program")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
@@ -114,7 +120,7 @@ def main(argv=None) -> int:
             "|" + "---|" * (4 + len(KINDS))]
     for unpack in args.unpack:
         sass, regs = compile_sass(unpack, args.block_n, args.warps, args.stages, args.arch, args.gated, args.pdl,
-                                  args.one_row)
+                                  args.one_row, args.split_k, args.last_sum)
         ops = loop_body(sass)
         n = collections.Counter(ops)
         rows.append(f"| {unpack} | {regs} | {len(ops)} | {len(ops) / per_thread:.2f} | "

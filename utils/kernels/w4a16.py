@@ -78,7 +78,8 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
            scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
-           group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM)   # settings benchmarks flip
+           group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM,   # settings benchmarks flip
+           w4a16_fragment.LAST_SUM)
     plan = cache.gemv_plans.get(key)
     if plan is None:
         K, N = _check_operands(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
@@ -109,7 +110,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
                     f"{w4a16_fragment.WARPS} warps, 1 to {w4a16_fragment.MAX_STAGES} stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2))
+                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2), x2.device)
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan

@@ -63,6 +63,12 @@ RING_FROM, MAX_STAGES = 3, 8
 # row the register loop is faster (its step is short; the ring adds a barrier and loads back from shared
 # memory). More slots: fewer programs per SM, slower.
 RING_ROWS, RING_STAGES = 2, 3
+# Split-K partials are summed by each column block's last program to arrive, one launch less than the sum kernel
+# and the same order (the same bits), where that program can read the others' partials all at once: at most
+# LAST_SUM_REGS registers a thread for them (a one-row call reads one element a thread per partial, 16 rows the
+# whole tensor-core tile). Beyond that one program would read what the sum kernel spreads over the GPU.
+# LAST_SUM: a setting benchmarks flip.
+LAST_SUM, LAST_SUM_REGS = True, 64
 # The gated kernel takes the ring at one row too: it holds two weights' next words, so the registers freed
 # matter more (124 -> 79 a thread; kept run 20261127-host-split-h100, run5).
 GATED_RING_ROWS = (1,)
@@ -71,6 +77,13 @@ GATED_RING_ROWS = (1,)
 def uses_ring(M: int, gated: bool = False) -> bool:
     """Whether a call of M rows gets the ring by default (the same bits either way)."""
     return M >= RING_ROWS or (gated and M in GATED_RING_ROWS)
+
+
+def last_sum(M: int, split_k: int, block_n: int, gated: bool = False) -> bool:
+    """Whether a call of M rows sums its split-K partials in its last program (LAST_SUM_REGS) or in the sum kernel."""
+    rows = 1 if M == 1 else 16
+    per_partial = max(1, block_n * rows // (32 * WARPS))
+    return LAST_SUM and split_k > 1 and split_k * (2 if gated else 1) * per_partial <= LAST_SUM_REGS
 
 
 def other_way(num_stages: int) -> int:
@@ -242,15 +255,18 @@ if gluon is not None:
 
     @gluon.jit
     def w4a16_fragment_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, g_ptr, b_ptr, y_ptr, part_ptr, qw2_ptr, qz2_ptr, s2_ptr,
-                              b2_ptr, M, K, N, stride_xm, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
+                              b2_ptr, M, K, N, stride_xm, count_ptr, GROUP: gl.constexpr, ZP_ADD: gl.constexpr,
                               HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                               SPLIT_K: gl.constexpr, DEPTH: gl.constexpr, GATED: gl.constexpr,
-                              X_SHARED: gl.constexpr = False, STAGES: gl.constexpr = 0):
+                              X_SHARED: gl.constexpr = False, STAGES: gl.constexpr = 0, LAST_SUM: gl.constexpr = False,
+                              SUM_ROWS: gl.constexpr = 16):
         """The arguments of w4a16_kernel (g_ptr unused: no act-order). Program (column block, one of
         SPLIT_K ranges of K steps of 128): y, or its fp32 partial [SPLIT_K (x2 GATED), M, N]. BLOCK_N: a
         multiple of 16 * num_warps (each warp takes 16-row slabs of n). STAGES: 0, the weight loaded into
         registers DEPTH (1 or 2) steps ahead; >= 2, streamed through a ring of STAGES slots in shared memory.
-        X_SHARED: x read once per program and step into shared memory for all warps, not by each warp."""
+        X_SHARED: x read once per program and step into shared memory for all warps, not by each warp.
+        LAST_SUM: the partials summed by each column block's last program (count_ptr: one int32 per column
+        block, zero between calls), reading SUM_ROWS rows (1 or BLOCK_M); else by the sum kernel."""
         gl.static_assert(DEPTH == 1 or not X_SHARED, "x in shared memory: loads one step ahead (DEPTH 1)")
         gl.static_assert(STAGES == 0 or STAGES >= 2, "a ring of at least two slots")
         NW: gl.constexpr = gl.num_warps()
@@ -279,19 +295,65 @@ if gluon is not None:
         rmo = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         omask = (rmo < M)[None, :] & (rno < N)[:, None]
         if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += gl.load(b_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-                if GATED:
-                    acc2 += gl.load(b2_ptr + rno, mask=rno < N, other=0.0).to(gl.float32)[:, None]
-            if GATED:
-                out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
-            else:
-                out = acc.to(y_ptr.dtype.element_ty)
-            gl.store(y_ptr + rmo[None, :] * N + rno[:, None], out, mask=omask)
+            _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rno, rmo, omask, N, HAS_BIAS, GATED)
         else:
             pid_k = gl.program_id(1)
             gl.store(part_ptr + (pid_k * M + rmo[None, :]) * N + rno[:, None], acc, mask=omask)
             if GATED:
                 gl.store(part_ptr + ((SPLIT_K + pid_k) * M + rmo[None, :]) * N + rno[:, None], acc2, mask=omask)
+            if LAST_SUM:
+                _last_sum(acc, acc2, part_ptr, count_ptr, b_ptr, b2_ptr, y_ptr, M, N, pid_n, pid_k, rmo, SPLIT_K,
+                          SUM_ROWS, HAS_BIAS, GATED, BN, MMA)
+
+    @gluon.jit
+    def _last_sum(acc, acc2, part_ptr, count_ptr, b_ptr, b2_ptr, y_ptr, M, N, pid_n, pid_k, rmo, SPLIT_K: gl.constexpr,
+                  SUM_ROWS: gl.constexpr, HAS_BIAS: gl.constexpr, GATED: gl.constexpr, BN: gl.constexpr,
+                  MMA: gl.constexpr):
+        """The column block's last program to arrive sums all its partials in order 0, 1, ... (its own from
+        registers), as the sum kernel does: the same bits. Every warp's partial is stored before the count goes
+        up (a barrier, then the release) and read after it (the acquire), from L2; the last program then sets
+        the count back to 0. SUM_ROWS 1: a one-row call's partials, read one element a thread; else 16 rows."""
+        NW: gl.constexpr = gl.num_warps()
+        cta_barrier()
+        seen = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if seen == SPLIT_K - 1:
+            if SUM_ROWS == 1:
+                L: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [NW, 1], [1, 0])
+                own = gl.convert_layout(gl.sum(gl.where(rmo[None, :] == 0, acc, 0.0), axis=1),
+                                        gl.SliceLayout(1, L))[:, None]
+                own2 = gl.convert_layout(gl.sum(gl.where(rmo[None, :] == 0, acc2, 0.0), axis=1),
+                                         gl.SliceLayout(1, L))[:, None]
+            else:                                          # n contiguous in a thread: vector loads, few addresses
+                L: gl.constexpr = gl.BlockedLayout([BN // 32, 1], [32, 1], [1, NW], [0, 1])
+                own = gl.convert_layout(acc, L)
+                own2 = gl.convert_layout(acc2, L)
+            rn = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+            rm = gl.arange(0, SUM_ROWS, layout=gl.SliceLayout(0, L))
+            mask = (rm < M)[None, :] & (rn < N)[:, None]
+            at = rm[None, :] * N + rn[:, None]
+            total = gl.zeros((BN, SUM_ROWS), gl.float32, layout=L)
+            total2 = gl.zeros((BN, SUM_ROWS), gl.float32, layout=L)
+            for k in gl.static_range(SPLIT_K):             # unrolled: the loads go out together
+                theirs = mask & (pid_k != k)
+                total += gl.where(pid_k == k, own,
+                                  gl.load(part_ptr + k * M * N + at, mask=theirs, other=0.0, cache_modifier=".cg"))
+                if GATED:
+                    total2 += gl.where(pid_k == k, own2, gl.load(part_ptr + (SPLIT_K + k) * M * N + at, mask=theirs,
+                                                                 other=0.0, cache_modifier=".cg"))
+            _finish(total, total2, b_ptr, b2_ptr, y_ptr, rn, rm, mask, N, HAS_BIAS, GATED)
+            gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+    @gluon.jit
+    def _finish(acc, acc2, b_ptr, b2_ptr, y_ptr, rn, rm, mask, N, HAS_BIAS: gl.constexpr, GATED: gl.constexpr):
+        """y from the whole sums: + bias, silu(gate) * up when GATED, in y's dtype."""
+        if HAS_BIAS:
+            acc += gl.load(b_ptr + rn, mask=rn < N, other=0.0).to(gl.float32)[:, None]
+            if GATED:
+                acc2 += gl.load(b2_ptr + rn, mask=rn < N, other=0.0).to(gl.float32)[:, None]
+        if GATED:
+            out = _silu_mul(acc, acc2, y_ptr.dtype.element_ty)
+        else:
+            out = acc.to(y_ptr.dtype.element_ty)
+        gl.store(y_ptr + rm[None, :] * N + rn[:, None], out, mask=mask)
 else:
     w4a16_fragment_kernel = None

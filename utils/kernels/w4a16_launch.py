@@ -115,24 +115,56 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
+def arrival_counts(device: torch.device, n: int) -> torch.Tensor | None:
+    """n int32 zeros for a plan's last-program split-K sum (each call leaves them zero), or None while this
+    thread captures a CUDA graph (the plan then takes the sum kernel: the same bits). Made on a thread of its
+    own: while torch.compile's CUDA graphs warm up they send the calling thread's allocations to their memory
+    pool, which must hold nothing that outlives them, and the counts outlive every graph."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    made: list = []
+
+    def make():
+        try:
+            made.append(torch.zeros(n, dtype=torch.int32, device=device))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
+            made.append(exc)
+
+    worker = threading.Thread(target=make, name="w4a16-arrival-counts")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    torch.cuda.synchronize(device)          # zeroed on the worker's stream before any call of ours reads them
+    return made[0]
+
+
 class W4A16Plan:
     """How w4a16_matmul (or w4a16_gated_silu: gated) runs one (device, dtypes, shapes, options): the tile and
     its launches, made and checked once; a call then allocates its output (and split-K partials) and launches.
-    pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap."""
+    pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap.
+    counts: the Gluon kernel's arrival counts when its last program sums the partials (w4a16_fragment.last_sum),
+    shared by every call of the plan: calls of one plan must not run on two streams at once."""
 
     def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
-                 gated: bool = False, pdl: bool = False):
+                 gated: bool = False, pdl: bool = False, device=None):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
+        self.counts = None
+        if tile.unpack == "fragment" and w4a16_fragment.last_sum(M, tile.split_k, tile.block_n, gated):
+            self.counts = arrival_counts(torch.device(device), grid[0])
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.unaligned = None           # the launch for operands not 16-byte aligned, where it differs
         if tile.unpack == "fragment":
             fragment = lambda stages: Launch(  # noqa: E731
                 w4a16_fragment.w4a16_fragment_kernel, grid,
                 dict(GROUP=group_size, ZP_ADD=zp_add, HAS_BIAS=has_bias, BLOCK_M=16, BLOCK_N=tile.block_n,
-                     SPLIT_K=tile.split_k, GATED=gated, **w4a16_fragment.pipeline(M, stages)),
+                     SPLIT_K=tile.split_k, GATED=gated, LAST_SUM=self.counts is not None, SUM_ROWS=1 if M == 1 else 16,
+                     **w4a16_fragment.pipeline(M, stages)),
                 dict(num_warps=tile.num_warps))
             self.gemm = fragment(tile.num_stages)
             if tile.num_stages >= w4a16_fragment.RING_FROM:      # cp.async copies whole 4- to 16-byte runs
@@ -144,7 +176,7 @@ class W4A16Plan:
                                     PRECISION=precision, UNPACK=UNPACKS.index(tile.unpack), GATED=gated, PDL=pdl),
                                dict(num_warps=tile.num_warps, num_stages=tile.num_stages))
         self.sum = None
-        if tile.split_k > 1:
+        if tile.split_k > 1 and self.counts is None:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK, GATED=gated, PDL=pdl),
                                dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {})))
@@ -172,12 +204,13 @@ class W4A16Plan:
             qw2, qz2, s2, b2 = second
             b2 = b2 if b2 is not None else y
             aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
-        return ((x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, self.M, self.K, self.N, self.K),
+        counts = (self.counts if self.counts is not None else y,) if self.tile.unpack == "fragment" else ()
+        return ((x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, self.M, self.K, self.N, self.K, *counts),
                 (part, b, b2, y, self.M * self.N, self.N), aligned)
 
     def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
         y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.sum is None else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
+        part = y if self.tile.split_k == 1 else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
                                                       device=x.device, dtype=torch.float32)
         gemm_args, sum_args, aligned = self.launch_args(x, qweight, qzeros, scales, g_idx, bias, y, part, second)
         self.calls += 1
