@@ -17,7 +17,7 @@
 # the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
-# no fixture; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
+# no fixture; TESTS=0: no tests; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench, eager, fixture): the kernel's tests, gate and up
 # fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
 # sweep), the 7B-shaped pair, then
@@ -153,8 +153,8 @@ if [ "${1:-all}" = model ]; then
   say "done"; exit 0
 fi
 if [ "${1:-all}" = table ]; then
-  TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py ${TESTS_MORE:-} \
-    2>&1 | tee "$OUT/tests.log" | tail -3
+  [ "${TESTS:-1}" = 1 ] && TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider \
+    tests/test_w4a16.py tests/test_w4a16_last_sum.py ${TESTS_MORE:-} 2>&1 | tee "$OUT/tests.log" | tail -3
   if [ "${FIXTURE:-1}" = 1 ]; then
     say "the trained fixture: quantlab against gptq_torch"
     timeout 200 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
