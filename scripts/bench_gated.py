@@ -3,8 +3,9 @@
     python scripts/bench_gated.py --out DIR [--rows 1 16] [--sweep]
 
 Per M: silu(x @ Wg) * (x @ Wu) as the Int4 model ran it before (two w4a16_matmul calls, then torch's silu
-and product) against w4a16_gated_silu (one launch, x read once, silu as it writes), each with and without
-the sum kernel's programmatic dependent launch (PDL); beside it bf16's two F.linear and the same activation.
+and product) against w4a16_gated_silu (one launch, x read once, silu as it writes), each with its split-K
+partials summed where the model sums them (the Gluon kernel's last program where it takes it) and by the sum
+kernel, with the fused kernel's registers and shared memory; beside it bf16's two F.linear and the same activation.
 Cold weights under CUDA-graph replay (utils.timing.time_cold), microseconds per MLP half; relative L2 of the
 fused result against float64 (the reference dequant). --sweep: fixed tiles of the fused launch (of the kernel
 the call runs by default: the Gluon kernel's columns and split-K on Hopper, the Triton kernel's otherwise).
@@ -82,14 +83,18 @@ def main(argv=None) -> int:
         ref = torch.nn.functional.silu(xd @ Wg.double()) * (xd @ Wu.double())
         ops = (x, gq, gz, gs, uq, uz, us)
         row = {"M": M, "bf16_us": cold_us(bf16, (x.to(torch.bfloat16), wg, wu))}
-        for on in (False, True):
-            w4a16.SUM_PDL = on                   # the sum kernel with PDL (where the GPU has it) or plainly
-            tag = "pdl" if on else "plain"
+        for on in (True, False):
+            w4a16_fragment.LAST_SUM = on         # the split-K sum as the model runs it, then by the sum kernel
+            tag = "model" if on else "kernel"
             y = fused(*ops)
             row[f"fused_{tag}_us"] = cold_us(fused, ops)
             row[f"unfused_{tag}_us"] = cold_us(unfused, ops)
             row[f"fused_{tag}_same_bits"] = all(torch.equal(fused(*ops), y) for _ in range(3))
-        w4a16.SUM_PDL = False                    # as the model runs it, from here on
+        w4a16_fragment.LAST_SUM = True           # as the model runs it, from here on
+        plan = w4a16.w4a16_plan(x, gq, gz, gs, None, None, 128, 1, gated=True)
+        compiled = plan.gemm.compiled
+        row.update(last_sum=plan.counts is not None, regs=getattr(compiled, "n_regs", None),
+                   shared=getattr(getattr(compiled, "metadata", None), "shared", None))
         tile = w4a16.w4a16_default_tile(M, K, N, 128, torch.cuda.get_device_properties(0).multi_processor_count,
                                         w4a16.w4a16_default_unpack(gs.dtype, False, x, 128), gated=True)
         if tile.unpack == "fragment":            # the weights the other way: registers or the ring in shared memory
@@ -133,16 +138,18 @@ def markdown(meta, rows, sweep) -> str:
     out = [f"# Gate and up, fused against two launches, {meta['device']} ({meta['date']})", "",
            f"torch {meta['torch']}, Triton {meta['triton']}. `{meta['command']}`. Qwen2.5-7B's gate/up ({K} -> {N}, "
            "x2), cold weights under CUDA-graph replay, us per MLP half (both projections and silu * up).", "",
-           "| M | two launches + torch silu | the same, PDL | fused | fused, PDL | fused, the weights the other way "
-           "(registers or the ring) us (same bits) | bf16 | fused rel | unfused rel "
-           "| fused vs unfused, max abs | same bits x3 |", "|" + "---|" * 11]
+           "| M | two launches + torch silu | the same, sums by the sum kernel | fused (its sum) | fused, sums by "
+           "the sum kernel | fused, the weights the other way (registers or the ring) us (same bits) | bf16 "
+           "| fused rel | unfused rel | fused vs unfused, max abs | same bits x3 | fused: registers, shared bytes |",
+           "|" + "---|" * 12]
     for r in rows:
         way = "ring" if r.get("w_other_way_stages", 0) >= w4a16_fragment.RING_FROM else "registers"
         other = f"{r['w_other_way_us']:.1f} ({way}: {r['w_other_way_same_bits']})" if "w_other_way_us" in r else "-"
-        out.append(f"| {r['M']} | {r['unfused_plain_us']:.1f} | {r['unfused_pdl_us']:.1f} | {r['fused_plain_us']:.1f} "
-                   f"| {r['fused_pdl_us']:.1f} | {other} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} "
+        out.append(f"| {r['M']} | {r['unfused_model_us']:.1f} | {r['unfused_kernel_us']:.1f} "
+                   f"| {r['fused_model_us']:.1f} ({'last program' if r.get('last_sum') else 'sum kernel'}) "
+                   f"| {r['fused_kernel_us']:.1f} | {other} | {r['bf16_us']:.1f} | {r['fused_rel']:.2e} "
                    f"| {r['unfused_rel']:.2e} | {r['fused_vs_unfused_max_abs']:.1e} "
-                   f"| {r['fused_pdl_same_bits'] and r['fused_plain_same_bits']} |")
+                   f"| {r['fused_model_same_bits'] and r['fused_kernel_same_bits']} | {r.get('regs')}, {r.get('shared')} |")
     if sweep:
         out += ["", "| M | unpack | block_n | split_k | stages | us | rel |", "|---|---|---|---|---|---|---|"]
         out += [f"| {s['M']} | {s.get('unpack', 'ptx')} | {s['block_n']} | {s['split_k']} | {s['num_stages']} | "

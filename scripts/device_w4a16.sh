@@ -107,7 +107,7 @@ if [ "${1:-all}" = gated ]; then
         say "Lab 03 settings (${LAB03_LIMIT:-320} problems)"
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 10 --signal=INT "${LAB03_TIMEOUT:-240}" \
           python3 scripts/bench_lab03.py --golden "$W/models/bf16" --int4 "$W/models/gptq-int4" --data "$W/gsm8k" \
-          --limit "${LAB03_LIMIT:-320}" --out $RUNTMP/lab03 --settings golden:compiled:16 int4:compiled:16:quantlab 2>&1 |
+          --limit "${LAB03_LIMIT:-320}" --out $RUNTMP/lab03 --settings ${LAB03_SETTINGS:-golden:compiled:16 int4:compiled:16:quantlab} 2>&1 |
           grep -v -i -e "warn(" -e "^ *$" -e "it/s\]" -e "s/it\]" | tail -12
         cp $RUNTMP/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
       fixture)
