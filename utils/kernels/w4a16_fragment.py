@@ -25,7 +25,8 @@ are what limits how many programs fit an SM, so the packed bytes are streamed in
 each step into a ring of slots in shared memory two steps ahead, and each thread loads its words back
 in the same fragment layout (w4a16_layouts.py; RING_ROWS). Every warp would load the same x there, so x
 goes through shared memory too, read once per program and step (X_SHARED, SHARED_X_FROM). The bits are the
-same either way. Split-K partials go to the same sum kernel as the Triton kernel's. Only fp16 scales, one
+same either way. Split-K partials are summed in a fixed order by each column block's last program (LAST_SUM)
+or by the Triton kernel's sum kernel: the same bits. Only fp16 scales, one
 group per 32 rows (group 32, 64, 128, ...), K a multiple of 128, no act-order: w4a16.py falls back to the
 Triton kernel otherwise.
 """
