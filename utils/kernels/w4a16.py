@@ -110,7 +110,7 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                     f"tile.unpack='fragment' runs block_n 64 or 128, block_k {w4a16_fragment.BLOCK_K}, "
                     f"{w4a16_fragment.WARPS} warps, 1 to {w4a16_fragment.MAX_STAGES} stages, split_k >= 1; got {tile}")
         plan = W4A16Plan(M, K, N, group_size, zero_format, g_idx is not None, bias is not None, tile,
-                         "ieee" if x2.dtype == torch.float32 else None, gated, SUM_PDL and gemv_pdl(x2), x2.device)
+                         "ieee" if x2.dtype == torch.float32 else None, x2.device, gated, SUM_PDL and gemv_pdl(x2))
         cache.gemv_plans[key] = plan
         cache.plans_made += 1
     return plan

@@ -149,14 +149,14 @@ class W4A16Plan:
     shared by every call of the plan: calls of one plan must not run on two streams at once."""
 
     def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
-                 gated: bool = False, pdl: bool = False, device=None):
+                 device: torch.device, gated: bool = False, pdl: bool = False):
         self.M, self.K, self.N, self.group_size, self.tile = M, K, N, group_size, tile
         self.act_order, self.has_bias, self.gated = act_order, has_bias, gated
         pdl = pdl and tile.split_k > 1 and tile.unpack != "fragment"
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
         self.counts = None
         if tile.unpack == "fragment" and w4a16_fragment.last_sum(M, tile.split_k, tile.block_n, gated):
-            self.counts = arrival_counts(torch.device(device), grid[0])
+            self.counts = arrival_counts(device, grid[0])
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.unaligned = None           # the launch for operands not 16-byte aligned, where it differs
         if tile.unpack == "fragment":
