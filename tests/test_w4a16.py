@@ -103,18 +103,23 @@ def test_custom_op_passes_opcheck():
     assert torch.equal(torch.ops.quantlab.w4a16_matmul(*args), call(x, t, 64, 1))
 
 
-def test_compiled_fullgraph_calls_the_op_without_a_break():
-    from torch._dynamo.testing import CompileCounterWithBackend
-
+def quantlab_layer(t, group=64):
+    """The model's swapped-in layer over these GPTQ tensors, as it wraps a loaded GPTQModel layer (v1 zeros)."""
     from utils.quantlab_linear import QuantlabLinear
 
-    t, w = layer(bias=True, seed=5)
     src = torch.nn.Module()
-    src.bits, src.group_size, src.pack_dtype = 4, 64, torch.int32
+    src.bits, src.group_size, src.pack_dtype = 4, group, torch.int32
     for k in ("qweight", "qzeros", "scales", "bias"):
         setattr(src, k, t[k])
     src.qzero_format = lambda: 1
-    mod = QuantlabLinear(src)
+    return QuantlabLinear(src)
+
+
+def test_compiled_fullgraph_calls_the_op_without_a_break():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    t, w = layer(bias=True, seed=5)
+    mod = quantlab_layer(t)
     x = torch.randn(4, 256).to(DEVICE)
     counter = CompileCounterWithBackend("aot_eager")
     f = torch.compile(lambda v: torch.nn.functional.silu(mod(v)) * 2, backend=counter, fullgraph=True)

@@ -4,7 +4,7 @@ CUDA graphs, whose warm-up would otherwise keep the counts in their memory pool.
 import pytest
 import torch
 
-from test_w4a16 import DEVICE, FRAGMENT, call, layer
+from test_w4a16 import DEVICE, FRAGMENT, call, layer, quantlab_layer
 from utils import kernels
 from utils.kernels import w4a16, w4a16_fragment, w4a16_launch
 
@@ -76,15 +76,8 @@ def test_gated_last_program_gives_the_sum_kernels_bits(M, monkeypatch):
 
 @gpu
 def test_a_plan_first_made_inside_compiled_cuda_graphs_keeps_its_counts_outside_their_pool():
-    from utils.quantlab_linear import QuantlabLinear
-
     t, _ = layer(K=1024, N=512, group=64, bias=True, seed=7)
-    src = torch.nn.Module()
-    src.bits, src.group_size, src.pack_dtype = 4, 64, torch.int32
-    for k in ("qweight", "qzeros", "scales", "bias"):
-        setattr(src, k, t[k])
-    src.qzero_format = lambda: 1
-    mod = QuantlabLinear(src)
+    mod = quantlab_layer(t)
     x = torch.randn(1, 1024).to(DEVICE, torch.float16)
     kernels.cache.reset()                        # the first call of this shape runs inside the graphs' warm-up
     f = torch.compile(mod, mode="reduce-overhead", fullgraph=True)
