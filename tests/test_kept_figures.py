@@ -206,6 +206,20 @@ def test_date_from_run_json_else_the_folder_name(tmp_path):
     assert kept_runs.kept_figure(b, "01_env/results.json", "headline", "copy GB/s", root=tmp_path).date == "2026-12-03"
 
 
+def test_a_benchmarks_meta_names_the_machine_and_date(tmp_path):
+    run = tmp_path / "20261204-bench-x" / "run1"
+    run.mkdir(parents=True)
+    (run / "bench.json").write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-05 10:00 UTC"},
+                                                 "rows": [{"seconds": 12.5}]}))
+    f = kept_runs.kept_figure("20261204-bench-x", "run1/bench.json", "rows", 0, "seconds", root=tmp_path)
+    assert (f.value, f.machine, f.date) == (12.5, "NVIDIA H100 80GB HBM3", "2026-12-05")
+    (run / "bench.json").write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3"}, "rows": []}))
+    assert kept_runs.machine_and_date("20261204-bench-x", tmp_path)[1] == "2026-12-04"     # the folder's date
+    (run / "bench.json").write_text(json.dumps({"meta": {"torch": "2.11"}}))
+    with pytest.raises(ValueError, match=r"machine \(None\)"):
+        kept_runs.machine_and_date("20261204-bench-x", tmp_path)
+
+
 def test_bad_requests_say_what_is_there(tmp_path):
     from bad_input_table import record
     name = _kept(tmp_path)

@@ -46,8 +46,9 @@ def _load(run: str, file: str, root: Path) -> dict:
 
 
 def machine_and_date(run: str, root: Path = KEPT_RUNS) -> tuple[str, str]:
-    """Where and when a kept run was measured: the platform record of any of its labs' results.json, and
-    its run.json's start (else the date its folder name begins with)."""
+    """Where and when a kept run was measured: the platform record of any of its labs' results.json (else
+    the `meta` of a benchmark's JSON in one of its folders: device, date), and its run.json's start (else
+    that benchmark's date, else the date its folder name begins with)."""
     folder = root / run
     if not folder.is_dir():
         raise FileNotFoundError(f"run {run!r}: no kept run of that name in {root}; kept runs: {kept_runs(root)}")
@@ -60,11 +61,21 @@ def machine_and_date(run: str, root: Path = KEPT_RUNS) -> tuple[str, str]:
     if (folder / "run.json").is_file():
         started = json.loads((folder / "run.json").read_text()).get("started") or ""
         date = started[:10] or None
+    if machine is None:
+        for bench in sorted(folder.glob("*/*.json")):
+            try:
+                meta = json.loads(bench.read_text()).get("meta")
+            except (json.JSONDecodeError, AttributeError):
+                continue
+            if isinstance(meta, dict) and meta.get("device"):
+                machine, date = meta["device"], date or (str(meta.get("date") or "")[:10] or None)
+                break
     if date is None and (m := re.match(r"(\d{4})(\d{2})(\d{2})", run)):
         date = "-".join(m.groups())
     if machine is None or date is None:
         raise ValueError(f"run {run!r}: its machine ({machine}) or date ({date}) is not recorded "
-                         "(a results.json with a platform record, a run.json with 'started'); quote it by hand "
+                         "(a results.json with a platform record or a benchmark's meta.device, a run.json with 'started'); "
+                         "quote it by hand "
                          "with the machine and date from its README instead")
     return machine, date
 
