@@ -189,8 +189,9 @@ def main(argv=None) -> int:
                                                            y)
                 row["w_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1,
                                                                                 tile=other), (x, qw, qz, s))
+            plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
             if not args.splits and tile.unpack == "fragment" and tile.split_k > 1:    # the split-K sum the other way
-                row["last_sum"] = w4a16_plan(x, qw, qz, s, None, None, 128, 1).counts is not None
+                row["last_sum"] = plan.counts is not None
                 w4a16_fragment.LAST_SUM = not w4a16_fragment.LAST_SUM
                 row["sum_other_way_same_bits"] = torch.equal(w4a16_matmul(x, qw, qz, s, None, None, 128, 1), y)
                 row["sum_other_way_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1),
@@ -204,7 +205,6 @@ def main(argv=None) -> int:
                 row["triton_rel"] = metrics.relative_l2(w4a16_matmul(x, qw, qz, s, None, None, 128, 1, tile=ptx).cpu(), ref)
                 row["triton_us"] = cold_us(lambda a, b, c, d: w4a16_matmul(a, b, c, d, None, None, 128, 1, tile=ptx),
                                            (x, qw, qz, s))
-            plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
             if args.splits and plan.sum is not None:    # the GEMM alone, into its partials, without the split-K sum
                 yb = torch.empty((M, N), device="cuda", dtype=x.dtype)
                 part = torch.empty((plan.tile.split_k, M, N), device="cuda", dtype=torch.float32)

@@ -112,6 +112,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.block_n < 16 or args.block_n & (args.block_n - 1):
         ap.error(f"--block-n: {args.block_n} must be a power of two >= 16 (the columns of one program's tile)")
+    if args.split_k < 1:
+        ap.error(f"--split-k must be >= 1 (ranges of K steps per column block), got {args.split_k}")
+    if args.last_sum and "fragment" not in args.unpack:
+        ap.error("--last-sum is the Gluon kernel's: pass --unpack fragment with it")
     if args.warps not in (1, 2, 4, 8, 16) or args.stages < 1:
         ap.error(f"--warps must be 1, 2, 4, 8 or 16 and --stages >= 1, got {args.warps} and {args.stages}")
     os.environ["TRITON_INTERPRET"] = "0"

@@ -213,11 +213,15 @@ def test_a_benchmarks_meta_names_the_machine_and_date(tmp_path):
                                                  "rows": [{"seconds": 12.5}]}))
     f = kept_runs.kept_figure("20261204-bench-x", "run1/bench.json", "rows", 0, "seconds", root=tmp_path)
     assert (f.value, f.machine, f.date) == (12.5, "NVIDIA H100 80GB HBM3", "2026-12-05")
-    (run / "bench.json").write_text(json.dumps({"meta": {"device": "NVIDIA H100 80GB HBM3"}, "rows": []}))
-    assert kept_runs.machine_and_date("20261204-bench-x", tmp_path)[1] == "2026-12-04"     # the folder's date
-    (run / "bench.json").write_text(json.dumps({"meta": {"torch": "2.11"}}))
+    # each benchmark file names its own machine: another run in the same folder, on another card
+    (tmp_path / "20261204-bench-x" / "run2").mkdir()
+    (tmp_path / "20261204-bench-x" / "run2" / "bench.json").write_text(json.dumps(
+        {"meta": {"device": "NVIDIA H200"}, "rows": [{"seconds": 9.0}]}))
+    g = kept_runs.kept_figure("20261204-bench-x", "run2/bench.json", "rows", 0, "seconds", root=tmp_path)
+    assert (g.machine, g.date) == ("NVIDIA H200", "2026-12-04")                     # the folder's date
+    (run / "bench.json").write_text(json.dumps({"meta": {"torch": "2.11"}, "rows": [{"seconds": 1.0}]}))
     with pytest.raises(ValueError, match=r"machine \(None\)"):
-        kept_runs.machine_and_date("20261204-bench-x", tmp_path)
+        kept_runs.kept_figure("20261204-bench-x", "run1/bench.json", "rows", 0, "seconds", root=tmp_path)
 
 
 def test_bad_requests_say_what_is_there(tmp_path):

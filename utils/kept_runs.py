@@ -45,38 +45,32 @@ def _load(run: str, file: str, root: Path) -> dict:
         raise ValueError(f"file {run}/{file} is not valid JSON ({exc}): restore it from git") from None
 
 
-def machine_and_date(run: str, root: Path = KEPT_RUNS) -> tuple[str, str]:
-    """Where and when a kept run was measured: the platform record of any of its labs' results.json (else
-    the `meta` of a benchmark's JSON in one of its folders: device, date), and its run.json's start (else
-    that benchmark's date, else the date its folder name begins with)."""
+def machine_and_date(run: str, root: Path = KEPT_RUNS, meta: dict | None = None) -> tuple[str, str]:
+    """Where and when a kept run was measured: the `meta` of the benchmark file a figure comes from (device,
+    date), where given; else the platform record of any of its labs' results.json, and its run.json's start.
+    Else the date its folder name begins with. A kept run may hold benchmark files from several machines,
+    so a benchmark's own meta names its figure's machine."""
     folder = root / run
     if not folder.is_dir():
         raise FileNotFoundError(f"run {run!r}: no kept run of that name in {root}; kept runs: {kept_runs(root)}")
     machine = date = None
-    for res in sorted(folder.glob("*/results.json")):
-        platform = json.loads(res.read_text()).get("platform") or {}
-        if platform.get("device_name"):
-            machine = platform["device_name"]
-            break
-    if (folder / "run.json").is_file():
+    if isinstance(meta, dict) and meta.get("device"):
+        machine, date = meta["device"], str(meta.get("date") or "")[:10] or None
+    else:
+        for res in sorted(folder.glob("*/results.json")):
+            platform = json.loads(res.read_text()).get("platform") or {}
+            if platform.get("device_name"):
+                machine = platform["device_name"]
+                break
+    if date is None and (folder / "run.json").is_file():
         started = json.loads((folder / "run.json").read_text()).get("started") or ""
         date = started[:10] or None
-    if machine is None:
-        for bench in sorted(folder.glob("*/*.json")):
-            try:
-                meta = json.loads(bench.read_text()).get("meta")
-            except (json.JSONDecodeError, AttributeError):
-                continue
-            if isinstance(meta, dict) and meta.get("device"):
-                machine, date = meta["device"], date or (str(meta.get("date") or "")[:10] or None)
-                break
     if date is None and (m := re.match(r"(\d{4})(\d{2})(\d{2})", run)):
         date = "-".join(m.groups())
     if machine is None or date is None:
         raise ValueError(f"run {run!r}: its machine ({machine}) or date ({date}) is not recorded "
-                         "(a results.json with a platform record or a benchmark's meta.device, a run.json with 'started'); "
-                         "quote it by hand "
-                         "with the machine and date from its README instead")
+                         "(a results.json with a platform record or the benchmark file's meta.device, a run.json "
+                         "with 'started'); quote it by hand with the machine and date from its README instead")
     return machine, date
 
 
@@ -86,6 +80,7 @@ def kept_figure(run: str, file: str, *keys: str | int, root: Path = KEPT_RUNS) -
     kept_figure("20261125-121339-h200", "01_env/results.json", "headline", "copy GB/s")
     """
     node = _load(run, file, root)
+    meta = node.get("meta") if isinstance(node, dict) else None
     for i, key in enumerate(keys):
         try:
             node = node[key]
@@ -95,5 +90,5 @@ def kept_figure(run: str, file: str, *keys: str | int, root: Path = KEPT_RUNS) -
             raise KeyError(f"keys {keys}: {key!r} is not at {where} of {run}/{file}; there: {have}") from None
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise ValueError(f"keys {keys} of {run}/{file} hold {node!r}, not a number")
-    machine, date = machine_and_date(run, root)
+    machine, date = machine_and_date(run, root, meta)
     return KeptFigure(float(node), machine, date, f"{run}/{file}: {' / '.join(map(str, keys))}")
