@@ -6,8 +6,10 @@ Eagerly (no CUDA graph) a call costs what the host spends issuing it, once the G
 Per shape, each piece is timed alone, 200 calls back to back, and only the host's part (the clock
 stops when the last call returns; utils.timing.time_eager(host_only=True)), in rounds (the median of 7):
 the op through torch.ops, the function, the launch plan's run, each of its two launches (the GEMM, the
-split-K sum) as the plan makes them, the GEMM through Triton's own per-call wrapper instead, and the two
-allocations a call makes; and the op's whole time (host and GPU). --profile: cProfile's top functions
+split-K sum, where the plan has one) as the plan makes them, the GEMM through Triton's own per-call wrapper
+instead, and the one allocation a call makes (its output: the split-K partials are kept with the plan); and the
+op's whole time (host and GPU). Beside them, in the same rounds, the Int4 GEMV's eager call (int4_gemv, the
+course's batch-1 kernel) on the same weights: the host's own yardstick. --profile: cProfile's top functions
 of 2,000 calls of the op at each shape.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch  # noqa: E402
 
 from bench_w4a16 import SHAPES  # noqa: E402  (Qwen2.5-7B's linear shapes; this script's folder is on the path)
 from utils import gptq, timing  # noqa: E402
+from utils.kernels import int4_gemv  # noqa: E402
 from utils.kernels.w4a16 import w4a16_matmul, w4a16_op, w4a16_plan  # noqa: E402
 
 
@@ -37,17 +40,16 @@ def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
     x = torch.randn(1, K, device="cuda", dtype=torch.float16)
     plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
     y = plan.run(x, qw, qz, s, None, None)
-    part = torch.empty((plan.tile.split_k, 1, N), device="cuda", dtype=torch.float32)
-    args, sum_args, _ = plan.launch_args(x, qw, qz, s, None, None, y, part)
+    int4_gemv(x, qw, qz, s, 128)                                        # its plan made (and compiled) before timing
+    args, sum_args, _ = plan.launch_args(x, qw, qz, s, None, None, y, y if plan.partials is None else plan.partials)
     tritons = plan.gemm.compiled[tuple(plan.gemm.grid) + (1,)]          # Triton's own per-call wrapper
     fns = {"op": lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1),
            "function": lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1),
            "plan.run": lambda: plan.run(x, qw, qz, s, None, None),
            "GEMM launch": lambda: plan.gemm(args, True),
            "GEMM launch, Triton's wrapper": lambda: tritons(*args, *plan.gemm.tail),
-           "y and partials allocated": lambda: (torch.empty((1, N), device="cuda", dtype=torch.float16),
-                                                torch.empty((plan.tile.split_k, 1, N), device="cuda",
-                                                            dtype=torch.float32))}
+           "y allocated": lambda: x.new_empty(plan.shape),
+           "Int4 GEMV, function": lambda: int4_gemv(x, qw, qz, s, 128)}
     if plan.sum is not None:
         fns["sum launch"] = lambda: plan.sum(sum_args, True)
     times = {k: [] for k in fns}
@@ -56,7 +58,8 @@ def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
         for k, fn in fns.items():
             times[k].append(timing.time_eager(fn, "cuda", repeats=1, host_only=True) * 1e6)
         full.append(timing.time_eager(fns["op"], "cuda", repeats=1) * 1e6)
-    row = {"tile": f"{plan.tile.block_n} cols, split {plan.tile.split_k}, stages {plan.tile.num_stages}",
+    row = {"tile": f"{plan.tile.block_n} cols, split {plan.tile.split_k}, stages {plan.tile.num_stages}"
+                   f"{', last-program sum' if plan.counts is not None else ''}",
            "launch": "direct" if getattr(plan.gemm.runner, "__name__", "") == "launch" else "Triton's wrapper",
            **{k: statistics.median(v) for k, v in times.items()},
            "op, host and GPU": statistics.median(full)}

@@ -86,6 +86,27 @@ def test_split_k_is_deterministic_and_agrees(split_k):
     assert torch.isfinite(y).all() and not torch.isfinite(poisoned).any()
 
 
+def test_split_partials_are_kept_and_shared_by_every_row_count(monkeypatch):
+    """One workspace per device, parts and N serves every plan (M = 1..16) and every layer of that shape: calls
+    in any order give the bits of calls that each allocate their own partials."""
+    (ta, _), (tb, _) = layer(K=512, group=64, seed=11), layer(K=512, group=64, bias=True, sym=False, seed=12)
+    tile = w4a16.W4A16Tile(block_n=32, block_k=64, split_k=2, num_warps=1)
+    xs = {M: torch.randn(M, 512, generator=torch.Generator().manual_seed(M)).to(DEVICE) for M in (1, 16)}
+    order = [(16, ta), (1, tb), (1, ta), (16, tb)]
+    kernels.cache.reset()
+    monkeypatch.setattr(w4a16_launch, "split_partials", lambda *a: None)      # each call allocates them
+    fresh = [call(xs[M], t, 64, 1, tile=tile) for M, t in order]
+    monkeypatch.undo()
+    kernels.cache.reset()
+    kept = [call(xs[M], t, 64, 1, tile=tile) for M, t in order]
+    assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    (ws,) = kernels.cache.w4a16_partials.values()
+    assert ws.numel() == 2 * w4a16.W4A16_MAX_ROWS * 64
+    plans = [w4a16.w4a16_plan(xs[M], ta["qweight"], ta["qzeros"], ta["scales"], None, None, 64, 1, tile) for M in (1, 16)]
+    assert [tuple(p.partials.shape) for p in plans] == [(2, 1, 64), (2, 16, 64)]
+    assert {p.partials.data_ptr() for p in plans} == {ws.data_ptr()}
+
+
 def test_leading_dims_and_a_strided_input():
     t, w = layer(seed=2)
     x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)[..., ::2]   # [2, 3, 256]

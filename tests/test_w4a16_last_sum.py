@@ -28,8 +28,8 @@ def test_one_row_always_and_sixteen_rows_only_where_few_partials(monkeypatch):
     assert not any(takes_last_sum(m, K, N) for m in (1, 16) for K, N in QWEN_7B.values())
 
 
-def test_arrival_counts_are_zeros():
-    counts = w4a16_launch.arrival_counts(torch.device(DEVICE), 37)
+def test_kept_zeros_are_zeros():
+    counts = w4a16_launch.kept_zeros(torch.device(DEVICE), 37, torch.int32)
     assert counts.dtype == torch.int32 and counts.shape == (37,) and not counts.any()
 
 
@@ -75,7 +75,7 @@ def test_gated_last_program_gives_the_sum_kernels_bits(M, monkeypatch):
 
 
 @gpu
-def test_a_plan_first_made_inside_compiled_cuda_graphs_keeps_its_counts_outside_their_pool():
+def test_a_plan_first_made_inside_compiled_cuda_graphs_keeps_its_counts_and_partials_outside_their_pool():
     t, _ = layer(K=1024, N=512, group=64, bias=True, seed=7)
     mod = quantlab_layer(t)
     x = torch.randn(1, 1024).to(DEVICE, torch.float16)
@@ -85,12 +85,12 @@ def test_a_plan_first_made_inside_compiled_cuda_graphs_keeps_its_counts_outside_
     kernels.cache.reset()
     eager = mod(x)
     plan = w4a16.w4a16_plan(x, t["qweight"], t["qzeros"], t["scales"], None, t["bias"], 64, 1)
-    assert plan.counts is not None and plan.sum is None and not plan.counts.any()
+    assert plan.counts is not None and plan.sum is None and not plan.counts.any() and plan.partials is not None
     assert all(torch.equal(y, eager) for y in ys)
 
 
 @gpu
-def test_a_plan_first_made_while_capturing_takes_the_sum_kernel():
+def test_a_plan_first_made_while_capturing_takes_the_sum_kernel_and_allocates_its_partials():
     t, _ = layer(K=1024, N=512, group=64, seed=8)
     x = torch.randn(1, 1024).to(DEVICE, torch.float16)
     kernels.cache.reset()
@@ -100,6 +100,6 @@ def test_a_plan_first_made_while_capturing_takes_the_sum_kernel():
         y = call(x, t, 64, 1)
     graph.replay()
     captured = plan_of(x, t)
-    assert captured.counts is None and captured.sum is not None
+    assert captured.counts is None and captured.sum is not None and captured.partials is None   # a call allocates them
     kernels.cache.reset()
-    assert torch.equal(y, call(x, t, 64, 1)) and plan_of(x, t).counts is not None
+    assert torch.equal(y, call(x, t, 64, 1)) and plan_of(x, t).counts is not None and plan_of(x, t).partials is not None

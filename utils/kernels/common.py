@@ -85,12 +85,13 @@ class KernelCache:
     - gemv_plans: (device, dtype, shapes, options) -> the Int4 GEMV's launch plan (gemv.GemvPlan), so a
       call with a shape seen before does no planning, no device queries and no allocation but its output;
     - gemv_states: the split-K fix-up's workspace and counters per device and tile (gemv_plan.gemv_state);
+    - w4a16_partials: the W4A16 kernel's split-K partials per device, parts and N (w4a16_launch.split_partials);
     - devices: per device, its SM count and compute capability (queried once);
     - gluon_failure: why the Gluon grouped GEMM failed here, once it has ("auto" then skips it);
     - plans_made: how many GEMV plans were built (a cache miss each).
 
     reset() forgets all of it (tests use it to start clean); the next call rebuilds what it needs.
-    Not thread-safe, and the GEMV's state must not serve two streams at once (int4_gemv says why).
+    Not thread-safe, and the GEMV's and W4A16's state must not serve two streams at once (int4_gemv says why).
     """
 
     def __init__(self):
@@ -99,6 +100,7 @@ class KernelCache:
     def reset(self) -> None:
         self.gemv_plans: dict = {}
         self.gemv_states: dict = {}
+        self.w4a16_partials: dict = {}
         self.devices: dict = {}
         self.gluon_failure: str | None = None
         self.plans_made = 0

@@ -25,10 +25,9 @@ from .common import require, cache, interpreted
 from .gemv_plan import gemv_pdl
 from . import w4a16_fragment
 from .w4a16_kernels import w4a16_dequant_kernel
-from .w4a16_launch import (UNPACKS, V1_ZERO_WORD, W4A16Plan, W4A16Tile, fragment_refusal,  # noqa: F401 - re-exported
-                           w4a16_block_k, w4a16_default_tile, w4a16_default_unpack)
+from .w4a16_launch import (UNPACKS, V1_ZERO_WORD, W4A16_MAX_ROWS, W4A16Plan, W4A16Tile,  # noqa: F401 - re-exported
+                           fragment_refusal, w4a16_block_k, w4a16_default_tile, w4a16_default_unpack)
 
-W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
 ZERO_FORMATS = (1, 2)         # GPTQModel's qzero_format(): 1 = v1 (stored minus one), 2 = v2 (as is)
 # Launch the split-K sum kernel as a programmatic dependent (PDL, sm_90)? Off: alone it saved 0.6 us a call, but
 # the compiled 7B decode step was 0.11 ms slower with it (its early-resident programs wait beside the GEMM's;

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .common import interpreted
+from .common import cache, interpreted
 from .gemv import Launch
 from . import w4a16_fragment
 from .w4a16_kernels import w4a16_kernel, w4a16_sum_kernel
 
+W4A16_MAX_ROWS = 16           # rows the fused kernel takes (one 16-row tensor-core tile); more: dequant + cuBLAS
 V1_ZERO_WORD = 0x11111111     # what the GPTQ v1 layout subtracted from each qzeros word (utils.gptq)
 SUM_BLOCK = 256
 
@@ -115,24 +116,24 @@ def w4a16_default_tile(M: int, K: int, N: int, group_size: int, sms: int, unpack
     return W4A16Tile(block_n, block_k, split, 4, 4 if unpack == "reshape" and per >= 4 else 3, unpack)
 
 
-def arrival_counts(device: torch.device, n: int) -> torch.Tensor | None:
-    """n int32 zeros for a plan's last-program split-K sum (each call leaves them zero), or None while this
-    thread captures a CUDA graph (the plan then takes the sum kernel: the same bits). Made on a thread of its
-    own: while torch.compile's CUDA graphs warm up they send the calling thread's allocations to their memory
-    pool, which must hold nothing that outlives them, and the counts outlive every graph."""
+def kept_zeros(device: torch.device, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """n zeros that a plan keeps across calls, or None while this thread captures a CUDA graph (the plan then
+    does without them: a per-call allocation, or the sum kernel, the same bits). Made on a thread of its own:
+    while torch.compile's CUDA graphs warm up they send the calling thread's allocations to their memory pool,
+    which must hold nothing that outlives them, and these outlive every graph."""
     if device.type != "cuda":
-        return torch.zeros(n, dtype=torch.int32, device=device)
+        return torch.zeros(n, dtype=dtype, device=device)
     if torch.cuda.is_current_stream_capturing():
         return None
     made: list = []
 
     def make():
         try:
-            made.append(torch.zeros(n, dtype=torch.int32, device=device))
+            made.append(torch.zeros(n, dtype=dtype, device=device))
         except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
             made.append(exc)
 
-    worker = threading.Thread(target=make, name="w4a16-arrival-counts")
+    worker = threading.Thread(target=make, name="w4a16-kept-zeros")
     worker.start()
     worker.join()
     if isinstance(made[0], BaseException):
@@ -141,12 +142,28 @@ def arrival_counts(device: torch.device, n: int) -> torch.Tensor | None:
     return made[0]
 
 
+def split_partials(device: torch.device, parts: int, M: int, N: int) -> torch.Tensor | None:
+    """The split-K partials [parts, M, N] (fp32) for a plan's calls: a view of one workspace per device, parts
+    and N, sized for W4A16_MAX_ROWS rows and shared by the plans of every M (kernels.cache.w4a16_partials), so
+    an eager call allocates only its output. None while capturing a CUDA graph (a call then allocates them).
+    Like the counts, shared by every stream: calls must not run on two streams at once."""
+    key = (device, parts, N)
+    ws = cache.w4a16_partials.get(key)
+    if ws is None:
+        ws = kept_zeros(device, parts * W4A16_MAX_ROWS * N, torch.float32)
+        if ws is None:
+            return None
+        cache.w4a16_partials[key] = ws
+    return ws[:parts * M * N].view(parts, M, N)
+
+
 class W4A16Plan:
     """How w4a16_matmul (or w4a16_gated_silu: gated) runs one (device, dtypes, shapes, options): the tile and
-    its launches, made and checked once; a call then allocates its output (and split-K partials) and launches.
+    its launches, made and checked once; a call then allocates its output and launches.
     pdl: the sum kernel launches as a programmatic dependent of the GEMM (sm_90), hiding its launch gap.
-    counts: the Gluon kernel's arrival counts when its last program sums the partials (w4a16_fragment.last_sum),
-    shared by every call of the plan: calls of one plan must not run on two streams at once."""
+    partials: the split-K partials' workspace (split_partials), kept, as are counts: the Gluon kernel's arrival
+    counts when its last program sums the partials (w4a16_fragment.last_sum). Both are shared by every call, so
+    calls must not run on two streams of a device at once (one stream, or a CUDA graph replayed on it: fine)."""
 
     def __init__(self, M, K, N, group_size, zero_format, act_order, has_bias, tile: W4A16Tile, precision,
                  device: torch.device, gated: bool = False, pdl: bool = False):
@@ -156,7 +173,7 @@ class W4A16Plan:
         grid = (triton.cdiv(N, tile.block_n), tile.split_k)
         self.counts = None
         if tile.unpack == "fragment" and w4a16_fragment.last_sum(M, tile.split_k, tile.block_n, gated):
-            self.counts = arrival_counts(device, grid[0])
+            self.counts = kept_zeros(device, grid[0], torch.int32)
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.unaligned = None           # the launch for operands not 16-byte aligned, where it differs
         if tile.unpack == "fragment":
@@ -180,12 +197,16 @@ class W4A16Plan:
             self.sum = Launch(w4a16_sum_kernel, (triton.cdiv(M * N, SUM_BLOCK),),
                                dict(SPLIT_K=tile.split_k, HAS_BIAS=has_bias, BLOCK=SUM_BLOCK, GATED=gated, PDL=pdl),
                                dict(num_warps=4, num_stages=1, **({"launch_pdl": True} if pdl else {})))
+        self.parts = (2 if gated else 1) * tile.split_k
+        self.partials = split_partials(device, self.parts, M, N) if tile.split_k > 1 else None
+        self.shape = (M, N)
+        self.cuda_index = device.index if device.type == "cuda" else None
         self.calls = 0
 
     def run(self, x, qweight, qzeros, scales, g_idx, bias, second=None) -> torch.Tensor:
         """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection.
         Triton launches on the current device: a model sharded over GPUs calls with x on another one."""
-        if x.is_cuda and x.device.index != torch.cuda.current_device():
+        if self.cuda_index is not None and self.cuda_index != torch.cuda.current_device():
             with torch.cuda.device(x.device):
                 return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
         return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
@@ -209,9 +230,10 @@ class W4A16Plan:
                 (part, b, b2, y, self.M * self.N, self.N), aligned)
 
     def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
-        y = torch.empty((self.M, self.N), device=x.device, dtype=x.dtype)
-        part = y if self.tile.split_k == 1 else torch.empty(((2 if self.gated else 1) * self.tile.split_k, self.M, self.N),
-                                                      device=x.device, dtype=torch.float32)
+        y = x.new_empty(self.shape)
+        part = y if self.tile.split_k == 1 else self.partials
+        if part is None:
+            part = torch.empty((self.parts, self.M, self.N), device=x.device, dtype=torch.float32)
         gemm_args, sum_args, aligned = self.launch_args(x, qweight, qzeros, scales, g_idx, bias, y, part, second)
         self.calls += 1
         (self.gemm if aligned or self.unaligned is None else self.unaligned)(gemm_args, aligned)
