@@ -18,7 +18,7 @@
 # the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
 # no fixture; TESTS=0: no tests; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
-# `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench, eager, fixture): the kernel's tests, gate and up
+# `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench, eager, fixture): the kernel's tests (TESTS_MORE, TESTS_TIMEOUT), gate and up
 # fused against two launches (scripts/bench_gated.py at GATED_ROWS, default "1 16"; GATED_SWEEP='' skips its tile
 # sweep), the 7B-shaped pair, then
 # Lab 03's own path (LAB03_LIMIT, default 320), the decode profile (PROFILE_ARGS, e.g. --int4-unfused), the kernel table
@@ -82,7 +82,7 @@ esac
 if [ "${1:-all}" = gated ]; then
   STEPS=" ${GATED_STEPS:-tests bench lab03 profile} "
   if [[ $STEPS == *" tests "* ]]; then
-    TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py tests/test_w4a16_gated.py 2>&1 |
+    TRITON_INTERPRET=0 timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider tests/test_w4a16.py tests/test_w4a16_last_sum.py tests/test_w4a16_gated.py ${TESTS_MORE:-} 2>&1 |
       tee "$OUT/tests.log" | tail -2
   fi
   if [[ $STEPS == *" bench "* ]]; then
