@@ -5,12 +5,12 @@
 Eagerly (no CUDA graph) a call costs what the host spends issuing it, once the GPU is faster than that.
 Per shape, each piece is timed alone, 200 calls back to back, and only the host's part (the clock
 stops when the last call returns; utils.timing.time_eager(host_only=True)), in rounds (the median of 7):
-the op through torch.ops, the function, the launch plan's run, each of its two launches (the GEMM, the
-split-K sum, where the plan has one) as the plan makes them, the GEMM through Triton's own per-call wrapper
-instead, and the one allocation a call makes (its output: the split-K partials are kept with the plan); and the
-op's whole time (host and GPU). Beside them, in the same rounds, the Int4 GEMV's eager call (int4_gemv, the
-course's batch-1 kernel) on the same weights: the host's own yardstick. --profile: cProfile's top functions
-of 2,000 calls of the op at each shape.
+the op through torch.ops, the function, the launch plan's run, each of its launches (the GEMM, and the
+split-K sum where the plan has one) as the plan makes them (the operands by address), the GEMM through
+Triton's own per-call wrapper instead (the operands as tensors), and the one allocation a call makes (its
+output: the split-K partials are kept with the plan); and the op's whole time (host and GPU). Beside them,
+in the same rounds, the Int4 GEMV's eager call (int4_gemv, the course's batch-1 kernel) on the same
+weights: the host's own yardstick. --profile: cProfile's top functions of 2,000 calls of the op at each shape.
 """
 from __future__ import annotations
 
@@ -41,13 +41,15 @@ def pieces(K: int, N: int, rounds: int = 7) -> tuple[dict, tuple]:
     plan = w4a16_plan(x, qw, qz, s, None, None, 128, 1)
     y = plan.run(x, qw, qz, s, None, None)
     int4_gemv(x, qw, qz, s, 128)                                        # its plan made (and compiled) before timing
-    args, sum_args, _ = plan.launch_args(x, qw, qz, s, None, None, y, y if plan.partials is None else plan.partials)
+    part = y if plan.partials is None else plan.partials
+    args, sum_args, _ = plan.launch_args(x, qw, qz, s, None, None, y, part, pointers=True)     # as a call launches
+    tensor_args = plan.launch_args(x, qw, qz, s, None, None, y, part)[0]
     tritons = plan.gemm.compiled[tuple(plan.gemm.grid) + (1,)]          # Triton's own per-call wrapper
     fns = {"op": lambda: w4a16_op(x, qw, qz, s, None, None, 128, 1),
            "function": lambda: w4a16_matmul(x, qw, qz, s, None, None, 128, 1),
            "plan.run": lambda: plan.run(x, qw, qz, s, None, None),
            "GEMM launch": lambda: plan.gemm(args, True),
-           "GEMM launch, Triton's wrapper": lambda: tritons(*args, *plan.gemm.tail),
+           "GEMM launch, Triton's wrapper": lambda: tritons(*tensor_args, *plan.gemm.tail),
            "y allocated": lambda: x.new_empty(plan.shape),
            "Int4 GEMV, function": lambda: int4_gemv(x, qw, qz, s, 128)}
     if plan.sum is not None:

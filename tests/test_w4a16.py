@@ -107,6 +107,17 @@ def test_split_partials_are_kept_and_shared_by_every_row_count(monkeypatch):
     assert {p.partials.data_ptr() for p in plans} == {ws.data_ptr()}
 
 
+def test_an_operand_moved_off_the_device_after_its_plan_is_refused_by_name():
+    """A plan's compiled launches pass bare addresses: an operand that later lies elsewhere must miss the plan."""
+    t, _ = layer(act_order=True, bias=True, seed=3)
+    x = torch.randn(2, 256).to(DEVICE)
+    call(x, t, 64, 1)                                                  # the plan is made
+    elsewhere = "meta" if DEVICE == "cpu" else "cpu"
+    for k in ("qweight", "qzeros", "scales", "g_idx", "bias"):
+        with pytest.raises(ValueError, match="must be on one device"):
+            call(x, dict(t, **{k: t[k].to(elsewhere)}), 64, 1)
+
+
 def test_leading_dims_and_a_strided_input():
     t, w = layer(seed=2)
     x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)[..., ::2]   # [2, 3, 256]

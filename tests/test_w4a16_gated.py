@@ -66,6 +66,7 @@ def test_the_op_passes_opcheck_and_compiles_whole():
 @pytest.mark.parametrize("case,change,needle", [
     ("up of another shape", "shape", "up projection's qweight must match"),
     ("a bias on one projection only", "bias", "to both projections or to neither"),
+    ("up's bias of another length", "up bias", "up projection's bias must match"),
     ("act-order's reshape unpack", "unpack", "tile.unpack 'join', 'ptx' or 'fragment'"),
 ])
 def test_a_pair_that_cannot_be_fused_is_named(case, change, needle):
@@ -76,6 +77,9 @@ def test_a_pair_that_cannot_be_fused_is_named(case, change, needle):
         up = (t["qweight"], t["qzeros"], t["scales"], None)
     elif change == "bias":
         up = (*up[:3], torch.zeros(64, dtype=torch.float16, device=DEVICE))
+    elif change == "up bias":
+        gate, up, _, _ = pair(bias=True)
+        up = (*up[:3], up[3][:32])
     else:
         tile = w4a16.W4A16Tile(32, 64, 1, 1, 1, "reshape")
     with pytest.raises(ValueError, match=needle) as e:

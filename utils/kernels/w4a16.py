@@ -74,9 +74,11 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
                gated: bool = False) -> W4A16Plan:
     """The plan for 2-D x [M <= 16, K] and these operands, made and checked once per key (kernels.cache).
     gated: for w4a16_gated_silu, whose second weight has the first's shapes (checked there)."""
-    # what a call is planned by; the rest (every operand on x's device, ...) is checked when the plan is made
-    key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, scales.shape,
-           scales.dtype, None if g_idx is None else g_idx.shape, None if bias is None else (bias.shape, bias.dtype),
+    # what a call is planned by, checked when the plan is made (every operand on x's device, ...); every device is
+    # in it, since a plan's compiled launches pass bare addresses, which nothing then checks lie on that GPU
+    key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, qzeros.device,
+           scales.shape, scales.dtype, scales.device, None if g_idx is None else (g_idx.shape, g_idx.device),
+           None if bias is None else (bias.shape, bias.dtype, bias.device),
            group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM,   # settings benchmarks flip
            w4a16_fragment.LAST_SUM)
     plan = cache.gemv_plans.get(key)
@@ -161,11 +163,12 @@ def w4a16_matmul(x: torch.Tensor, qweight, qzeros, scales, g_idx=None, bias=None
 
 
 def _check_pair(gate, up) -> None:
-    for name, a, b in zip(("qweight", "qzeros", "scales"), gate[:3], up[:3]):
-        require(a.shape == b.shape and a.dtype == b.dtype and a.device == b.device,
-               f"w4a16_gated_silu: the up projection's {name} must match the gate's ({tuple(a.shape)}, {a.dtype}, "
-               f"{a.device}), got ({tuple(b.shape)}, {b.dtype}, {b.device})")
+    """The up projection's tensors must match the gate's (the plan checks the gate's alone), every call."""
     require((gate[3] is None) == (up[3] is None), "w4a16_gated_silu: give a bias to both projections or to neither")
+    for name, a, b in zip(("qweight", "qzeros", "scales", "bias"), gate, up):
+        if a is not None and not (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device):
+            require(False, f"w4a16_gated_silu: the up projection's {name} must match the gate's ({tuple(a.shape)}, "
+                           f"{a.dtype}, {a.device}), got ({tuple(b.shape)}, {b.dtype}, {b.device})")
 
 
 def w4a16_gated_silu(x: torch.Tensor, gate: tuple, up: tuple, group_size: int = 128, zero_format: int = 1,

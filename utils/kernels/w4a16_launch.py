@@ -211,30 +211,38 @@ class W4A16Plan:
                 return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
         return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
 
-    def launch_args(self, x, qweight, qzeros, scales, g_idx, bias, y, part, second=None) -> tuple[tuple, tuple, bool]:
+    def launch_args(self, x, qweight, qzeros, scales, g_idx, bias, y, part, second=None,
+                    pointers: bool = False) -> tuple[tuple, tuple, bool]:
         """The GEMM's and the sum kernel's arguments, in their order, for output y and split-K partials part (a
         missing g_idx, bias or second weight stands in by another tensor the kernel does not read), and
-        whether the operands are 16-byte aligned (y and part: fresh from the allocator, aligned)."""
+        whether the operands are 16-byte aligned (y and part: fresh from the allocator, aligned).
+        pointers: where aligned, each tensor by its address, which a compiled kernel's launcher takes as is,
+        without asking every tensor for it and the driver whether it lies on a GPU (the plan's key names every
+        operand's device): a few microseconds of an eager call. Only for launches already compiled."""
         g = g_idx if g_idx is not None else qweight
         b = bias if bias is not None else y
-        aligned = (x.data_ptr() | qweight.data_ptr() | qzeros.data_ptr() | scales.data_ptr() | g.data_ptr()
-                   | b.data_ptr()) % 16 == 0
-        if second is None:
-            qw2, qz2, s2, b2 = qweight, qzeros, scales, b
-        else:
-            qw2, qz2, s2, b2 = second
-            b2 = b2 if b2 is not None else y
-            aligned = aligned and (qw2.data_ptr() | qz2.data_ptr() | s2.data_ptr() | b2.data_ptr()) % 16 == 0
-        counts = (self.counts if self.counts is not None else y,) if self.tile.unpack == "fragment" else ()
-        return ((x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, self.M, self.K, self.N, self.K, *counts),
-                (part, b, b2, y, self.M * self.N, self.N), aligned)
+        qw2, qz2, s2, b2 = (qweight, qzeros, scales, b) if second is None else second
+        b2 = b2 if b2 is not None else y
+        counts = self.counts if self.counts is not None else y
+        tensors = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, counts)
+        ptrs = (x.data_ptr(), qweight.data_ptr(), qzeros.data_ptr(), scales.data_ptr(), g.data_ptr(), b.data_ptr(),
+                y.data_ptr(), part.data_ptr(), qw2.data_ptr(), qz2.data_ptr(), s2.data_ptr(), b2.data_ptr(),
+                counts.data_ptr())
+        aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[8] | ptrs[9] | ptrs[10]
+                   | ptrs[11]) % 16 == 0
+        t = ptrs if pointers and aligned else tensors
+        fragment = self.tile.unpack == "fragment"          # the Gluon kernel also takes the arrival counts
+        return ((*t[:12], self.M, self.K, self.N, self.K, *t[12:13 if fragment else 12]),
+                (t[7], t[5], t[11], t[6], self.M * self.N, self.N), aligned)
 
     def _launch(self, x, qweight, qzeros, scales, g_idx, bias, second) -> torch.Tensor:
         y = x.new_empty(self.shape)
         part = y if self.tile.split_k == 1 else self.partials
         if part is None:
             part = torch.empty((self.parts, self.M, self.N), device=x.device, dtype=torch.float32)
-        gemm_args, sum_args, aligned = self.launch_args(x, qweight, qzeros, scales, g_idx, bias, y, part, second)
+        compiled = self.gemm.runner is not None and (self.sum is None or self.sum.runner is not None)
+        gemm_args, sum_args, aligned = self.launch_args(x, qweight, qzeros, scales, g_idx, bias, y, part, second,
+                                                        pointers=compiled)
         self.calls += 1
         (self.gemm if aligned or self.unaligned is None else self.unaligned)(gemm_args, aligned)
         if self.sum is not None:
