@@ -198,12 +198,8 @@ _LIB.define("w4a16_matmul(Tensor x, Tensor qweight, Tensor qzeros, Tensor scales
             "int group_size, int zero_format) -> Tensor")
 
 
-def _w4a16_impl(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format):
-    return w4a16_matmul(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_format)
-
-
 for _key in ("CUDA", "CPU"):
-    _LIB.impl("w4a16_matmul", _w4a16_impl, _key)
+    _LIB.impl("w4a16_matmul", w4a16_matmul, _key)     # the schema's arguments, in its order: no wrapper frame
 
 
 _LIB.define("w4a16_gated_silu(Tensor x, Tensor qweight, Tensor qzeros, Tensor scales, Tensor? bias, "
