@@ -56,7 +56,8 @@ _int4_gemv_tuned = triton.autotune(
 def direct_launch(compiled, grid):
     """The compiled kernel's launcher called as Triton's own per-call wrapper calls it, on the current
     device's current stream, without the wrapper's lookups (device, stream, launch hooks, metadata): a few
-    microseconds of an eager call. None where this Triton lays its launcher out otherwise, or where a
+    microseconds of an eager call (on Triton 3.6, its C launcher without the Python around it, which only
+    allocates scratch memory these kernels do not use). None where this Triton lays its launcher out otherwise, or where a
     launch hook (a profiler's) is set: then Triton's wrapper, which reports to it (a hook set after a
     plan's first launch does not see that plan's launches)."""
     from triton import knobs
@@ -75,6 +76,16 @@ def direct_launch(compiled, grid):
             or len(head) not in (5, 9) or params[-1].kind is not params[-1].VAR_POSITIONAL:
         return None
     g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
+    launcher = getattr(run, "__self__", None)
+    raw = getattr(launcher, "launch", None)
+    if triton.__version__.startswith("3.6.") and type(raw).__name__ == "builtin_function_or_method" \
+            and getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0:
+        # Triton 3.6's C launcher itself, as its Python __call__ calls it for a kernel without scratch memory
+        coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+
+        def launch(*args):
+            raw(g0, g1, g2, stream(device()), fn, coop, pdl, None, None, meta, None, None, None, *args)
+        return launch
 
     def launch(*args):
         run(g0, g1, g2, stream(device()), fn, meta, None, None, None, *args)

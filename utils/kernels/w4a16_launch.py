@@ -174,6 +174,7 @@ class W4A16Plan:
         self.counts = None
         if tile.unpack == "fragment" and w4a16_fragment.last_sum(M, tile.split_k, tile.block_n, gated):
             self.counts = kept_zeros(device, grid[0], torch.int32)
+        self.counts_ptr = None if self.counts is None else self.counts.data_ptr()
         zp_add = V1_ZERO_WORD if zero_format == 1 else 0
         self.unaligned = None           # the launch for operands not 16-byte aligned, where it differs
         if tile.unpack == "fragment":
@@ -206,7 +207,7 @@ class W4A16Plan:
     def run(self, x, qweight, qzeros, scales, g_idx, bias, second=None) -> torch.Tensor:
         """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection.
         Triton launches on the current device: a model sharded over GPUs calls with x on another one."""
-        if self.cuda_index is not None and self.cuda_index != torch.cuda.current_device():
+        if self.cuda_index is not None and self.cuda_index != torch._C._cuda_getDevice():    # current_device(), less Python
             with torch.cuda.device(x.device):
                 return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
         return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
@@ -224,13 +225,16 @@ class W4A16Plan:
         qw2, qz2, s2, b2 = (qweight, qzeros, scales, b) if second is None else second
         b2 = b2 if b2 is not None else y
         counts = self.counts if self.counts is not None else y
-        tensors = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, counts)
-        ptrs = (x.data_ptr(), qweight.data_ptr(), qzeros.data_ptr(), scales.data_ptr(), g.data_ptr(), b.data_ptr(),
-                y.data_ptr(), part.data_ptr(), qw2.data_ptr(), qz2.data_ptr(), s2.data_ptr(), b2.data_ptr(),
-                counts.data_ptr())
-        aligned = (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[8] | ptrs[9] | ptrs[10]
-                   | ptrs[11]) % 16 == 0
-        t = ptrs if pointers and aligned else tensors
+        t = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, counts)
+        px, pw, pz, ps, pg, pb, py = (x.data_ptr(), qweight.data_ptr(), qzeros.data_ptr(), scales.data_ptr(),
+                                      g.data_ptr(), b.data_ptr(), y.data_ptr())
+        second_ptrs = (pw, pz, ps, pb) if second is None else (qw2.data_ptr(), qz2.data_ptr(), s2.data_ptr(),
+                                                               b2.data_ptr())
+        aligned = (px | pw | pz | ps | pg | pb | second_ptrs[0] | second_ptrs[1] | second_ptrs[2]
+                   | second_ptrs[3]) % 16 == 0
+        if pointers and aligned:
+            t = (px, pw, pz, ps, pg, pb, py, py if part is y else part.data_ptr(), *second_ptrs,
+                 py if self.counts is None else self.counts_ptr)
         fragment = self.tile.unpack == "fragment"          # the Gluon kernel also takes the arrival counts
         return ((*t[:12], self.M, self.K, self.N, self.K, *t[12:13 if fragment else 12]),
                 (t[7], t[5], t[11], t[6], self.M * self.N, self.N), aligned)
