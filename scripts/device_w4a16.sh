@@ -15,7 +15,8 @@
 # more test files) and its tile sweep (within SWEEP_TIMEOUT s, default 330; each unpacking, with registers
 # and spills; the SASS itself: scripts/w4a16_sass.py, here) at gate/up, down and q/o, M = 1 and 16, beside bf16 and
 # the Int4 GEMV, then Marlin's columns for the same shapes once its build is done (~9 minutes). `table`: the kernel's tests,
-# the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py), and
+# the trained fixture's Int4 generations through quantlab against gptq_torch (scripts/fixture_agreement.py; FIXTURE_BATCH, default
+# 16, the rows the fused kernel takes: above 16 a decode step dequantizes and calls cuBLAS; FIXTURE_LIMIT, default 320), and
 # the kernel table at its default tile, every shape and M, with Marlin's columns once built (~9 minutes; FIXTURE=0:
 # no fixture; TESTS=0: no tests; TESTS_TIMEOUT and TESTS_MORE as for `sweep`; TABLE_TIMEOUT, default 150 s).
 # `gated`: GATED_STEPS in order (default "tests bench lab03 profile"; also kbench, eager, fixture): the kernel's tests (TESTS_MORE, TESTS_TIMEOUT), gate and up
@@ -112,7 +113,7 @@ if [ "${1:-all}" = gated ]; then
         cp $RUNTMP/lab03/bench_lab03.* "$OUT/" 2>/dev/null ;;
       fixture)
         say "the trained fixture: quantlab against gptq_torch"
-        timeout 170 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 |
+        timeout "${FIXTURE_TIMEOUT:-300}" python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit "${FIXTURE_LIMIT:-320}" --batch "${FIXTURE_BATCH:-16}" 2>&1 |
           grep -v -i "warn(\|^INFO\|gc.collect\|it/s\]" | tail -6
         cp $RUNTMP/agree/fixture_agreement.* "$OUT/" 2>/dev/null ;;
       eager)
@@ -157,7 +158,7 @@ if [ "${1:-all}" = table ]; then
     tests/test_w4a16.py tests/test_w4a16_last_sum.py ${TESTS_MORE:-} 2>&1 | tee "$OUT/tests.log" | tail -3
   if [ "${FIXTURE:-1}" = 1 ]; then
     say "the trained fixture: quantlab against gptq_torch"
-    timeout 200 python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit 320 --batch 32 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
+    timeout "${FIXTURE_TIMEOUT:-300}" python3 scripts/fixture_agreement.py --out $RUNTMP/agree --limit "${FIXTURE_LIMIT:-320}" --batch "${FIXTURE_BATCH:-16}" 2>&1 | grep -v -i "warn\|^INFO\|gc.collect" | tail -16
     cp $RUNTMP/agree/fixture_agreement.* "$OUT/" 2>/dev/null
   fi
   timeout "${TABLE_TIMEOUT:-150}" python3 scripts/bench_w4a16.py --out $RUNTMP/ktable --no-marlin 2>&1 | grep -v "^INFO\|gc.collect" | grep -v "^|" | tail -30
