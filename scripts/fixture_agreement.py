@@ -56,6 +56,19 @@ def first_difference(models: dict, tok, ctx: str, gen_a: str, gen_b: str) -> dic
             "relative_l2": float((ref - ours).norm() / ref.norm())}
 
 
+def fused_calls() -> dict[str, int]:
+    """Calls of the fused W4A16 kernel since kernels.cache was last reset, by rows and kind ("M=16" or
+    "M=16, gated": gate and up in one launch), from its launch plans."""
+    from utils.kernels import cache
+    from utils.kernels.w4a16_launch import W4A16Plan
+    out: dict[str, int] = {}
+    for plan in cache.gemv_plans.values():
+        if isinstance(plan, W4A16Plan) and plan.calls:
+            key = f"M={plan.M}{', gated' if plan.gated else ''}"
+            out[key] = out.get(key, 0) + plan.calls
+    return dict(sorted(out.items(), key=lambda kv: (int(kv[0][2:].split(",")[0]), kv[0])))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -65,7 +78,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from utils import evaluation as ev
+    from utils import evaluation as ev, kernels
     from utils.eval_parallel import compare
     from utils.eval_settings import EvalSettings
     from utils.models import load_model, load_tokenizer
@@ -79,12 +92,14 @@ def main(argv=None) -> int:
     model, data = FIXTURE / "gptq-int4", ev.data_files_from_folder(FIXTURE / "data")
     runs = {}
     for backend in BACKENDS:
+        kernels.cache.reset()
         s = EvalSettings(device="cuda", batch_size=args.batch, limit=args.limit, gptq_backend=backend,
                          decode=args.decode, max_length=2048 if args.decode == "compiled" else None)
         t0 = time.perf_counter()
         runs[backend] = ev.run_gsm8k(str(model), args.out, label=f"int4-{backend}", data_files=data, settings=s)
         print(f"{backend}: {time.perf_counter() - t0:.1f} s, strict-match "
               f"{runs[backend]['accuracy']['strict-match']['acc']:.4f}", flush=True)
+    fused = fused_calls()                          # the quantlab run's, the last one
     c = compare(runs["gptq_torch"], runs["quantlab"])
     tok = load_tokenizer(str(model))
     models = {b: load_model(model, "cuda", backend=b) for b in BACKENDS}
@@ -97,12 +112,15 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": "python scripts/fixture_agreement.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "compare": c, "differing": differing}
+              "compare": c, "fused_calls": fused, "differing": differing}
     md = [f"# The trained fixture's Int4 model: quantlab against gptq_torch on {result['device']} ({result['date']})", "",
           f"torch {result['torch']}. Command: `{result['command']}`. lm-eval gsm8k, batch {args.batch}, decode {args.decode}.",
           "", f"{c['n']} problems: {c['differing_generations']} generations differ, "
           f"{c['differing_scores_strict-match']} strict-match scores differ (McNemar p = {c['mcnemar_p']:.3g}); "
-          f"accuracy {100 * c['acc_one']:.2f} % (gptq_torch) and {100 * c['acc_many']:.2f} % (quantlab).", ""]
+          f"accuracy {100 * c['acc_one']:.2f} % (gptq_torch) and {100 * c['acc_many']:.2f} % (quantlab).", "",
+          "Calls of the fused W4A16 kernel in the quantlab run, by rows (a decode step's batch; above 16 rows, and "
+          "in a prompt, a call dequantizes and calls cuBLAS instead): "
+          + (", ".join(f"{k}: {v}" for k, v in fused.items()) or "none") + ".", ""]
     if differing:
         md += ["| doc | first differing token (index) | gptq_torch | quantlab | reference's top-2 gap | max logit "
                "difference | relative L2 of the logits |", "|" + "---|" * 7]
