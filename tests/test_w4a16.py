@@ -118,6 +118,21 @@ def test_an_operand_moved_off_the_device_after_its_plan_is_refused_by_name():
             call(x, dict(t, **{k: t[k].to(elsewhere)}), 64, 1)
 
 
+def test_a_strided_operand_is_refused_by_name_even_after_its_plan():
+    """The kernel reads each operand as packed, row after row: a view with other strides and the same shape
+    and values would be read wrong, silently."""
+    t, _ = layer(act_order=True, bias=True, seed=4)
+    x = torch.randn(2, 256).to(DEVICE)
+    call(x, t, 64, 1)                                                  # the plan is made
+    for k in ("qweight", "qzeros", "scales", "g_idx", "bias"):
+        v = t[k]
+        strided = v.t().contiguous().t() if v.dim() == 2 else torch.stack([v, v], 1)[:, 0]
+        assert torch.equal(strided, v) and not strided.is_contiguous()
+        with pytest.raises(ValueError, match=f"{k} must be contiguous") as e:
+            call(x, dict(t, **{k: strided}), 64, 1)
+    record("kernel", "w4a16_matmul: a strided operand (bias)", str(e.value))
+
+
 def test_leading_dims_and_a_strided_input():
     t, w = layer(seed=2)
     x = torch.randn(2, 3, 512, generator=torch.Generator().manual_seed(0)).to(DEVICE)[..., ::2]   # [2, 3, 256]

@@ -67,6 +67,7 @@ def test_the_op_passes_opcheck_and_compiles_whole():
     ("up of another shape", "shape", "up projection's qweight must match"),
     ("a bias on one projection only", "bias", "to both projections or to neither"),
     ("up's bias of another length", "up bias", "up projection's bias must match"),
+    ("up's scales strided", "strided", "up projection's scales must be contiguous"),
     ("act-order's reshape unpack", "unpack", "tile.unpack 'join', 'ptx' or 'fragment'"),
 ])
 def test_a_pair_that_cannot_be_fused_is_named(case, change, needle):
@@ -77,6 +78,8 @@ def test_a_pair_that_cannot_be_fused_is_named(case, change, needle):
         up = (t["qweight"], t["qzeros"], t["scales"], None)
     elif change == "bias":
         up = (*up[:3], torch.zeros(64, dtype=torch.float16, device=DEVICE))
+    elif change == "strided":
+        up = (up[0], up[1], up[2].t().contiguous().t(), up[3])
     elif change == "up bias":
         gate, up, _, _ = pair(bias=True)
         up = (*up[:3], up[3][:32])

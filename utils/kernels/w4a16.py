@@ -61,6 +61,10 @@ def _check_operands(x, qweight, qzeros, scales, g_idx, bias, group_size, zero_fo
            f"{None if g_idx is None else (tuple(g_idx.shape), g_idx.dtype)}")
     require(bias is None or tuple(bias.shape) == (N,), f"bias must be [N] = [{N}], got "
            f"{None if bias is None else tuple(bias.shape)}")
+    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales), ("g_idx", g_idx), ("bias", bias)):
+        if t is not None and not t.is_contiguous():    # the kernel reads each row as packed: strides would be ignored
+            require(False, f"{name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}: pass "
+                           f"{name}.contiguous() (once, where the layer is built)")
     return K, N
 
 
@@ -79,6 +83,8 @@ def w4a16_plan(x2, qweight, qzeros, scales, g_idx, bias, group_size, zero_format
     key = ("w4a16", x2.shape, x2.dtype, x2.device, qweight.shape, qweight.device, qzeros.shape, qzeros.device,
            scales.shape, scales.dtype, scales.device, None if g_idx is None else (g_idx.shape, g_idx.device),
            None if bias is None else (bias.shape, bias.dtype, bias.device),
+           qweight.is_contiguous() and qzeros.is_contiguous() and scales.is_contiguous()
+           and (g_idx is None or g_idx.is_contiguous()) and (bias is None or bias.is_contiguous()),
            group_size, zero_format, tile, gated, SUM_PDL, w4a16_fragment.SHARED_X_FROM,   # settings benchmarks flip
            w4a16_fragment.LAST_SUM)
     plan = cache.gemv_plans.get(key)
@@ -169,6 +175,9 @@ def _check_pair(gate, up) -> None:
         if a is not None and not (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device):
             require(False, f"w4a16_gated_silu: the up projection's {name} must match the gate's ({tuple(a.shape)}, "
                            f"{a.dtype}, {a.device}), got ({tuple(b.shape)}, {b.dtype}, {b.device})")
+        if b is not None and not b.is_contiguous():
+            require(False, f"w4a16_gated_silu: the up projection's {name} must be contiguous, got strides "
+                           f"{b.stride()}: pass it .contiguous() (once, where the layer is built)")
 
 
 def w4a16_gated_silu(x: torch.Tensor, gate: tuple, up: tuple, group_size: int = 128, zero_format: int = 1,
