@@ -102,7 +102,8 @@ def test_split_partials_are_kept_and_shared_by_every_row_count(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
     (ws,) = kernels.cache.w4a16_partials.values()
     assert ws.numel() == 2 * w4a16.W4A16_MAX_ROWS * 64
-    plans = [w4a16.w4a16_plan(xs[M], ta["qweight"], ta["qzeros"], ta["scales"], None, None, 64, 1, tile) for M in (1, 16)]
+    plans = [w4a16.w4a16_plan(xs[M], ta["qweight"], ta["qzeros"], ta["scales"], None, None, 64, 1, tile)
+             for M in (1, 16)]
     assert [tuple(p.partials.shape) for p in plans] == [(2, 1, 64), (2, 16, 64)]
     assert {p.partials.data_ptr() for p in plans} == {ws.data_ptr()}
 

@@ -57,9 +57,9 @@ def direct_launch(compiled, grid):
     """The compiled kernel's launcher called as Triton's own per-call wrapper calls it, on the current
     device's current stream, without the wrapper's lookups (device, stream, launch hooks, metadata): a few
     microseconds of an eager call (on Triton 3.6, its C launcher without the Python around it, which only
-    allocates scratch memory these kernels do not use). None where this Triton lays its launcher out otherwise, or where a
-    launch hook (a profiler's) is set: then Triton's wrapper, which reports to it (a hook set after a
-    plan's first launch does not see that plan's launches)."""
+    allocates scratch memory these kernels do not use). None where this Triton lays its launcher out
+    otherwise, or where a launch hook (a profiler's) is set: then Triton's wrapper, which reports to it (a
+    hook set after a plan's first launch does not see that plan's launches)."""
     from triton import knobs
     run, fn, meta = (getattr(compiled, a, None) for a in ("run", "function", "packed_metadata"))
     stream, device = (getattr(torch._C, a, None) for a in ("_cuda_getCurrentRawStream", "_cuda_getDevice"))

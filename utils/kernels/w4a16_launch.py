@@ -207,7 +207,8 @@ class W4A16Plan:
     def run(self, x, qweight, qzeros, scales, g_idx, bias, second=None) -> torch.Tensor:
         """second: the gated plan's other weight, (qweight, qzeros, scales, bias) of the up projection.
         Triton launches on the current device: a model sharded over GPUs calls with x on another one."""
-        if self.cuda_index is not None and self.cuda_index != torch._C._cuda_getDevice():    # current_device(), less Python
+        # torch.cuda.current_device() without its Python around it
+        if self.cuda_index is not None and self.cuda_index != torch._C._cuda_getDevice():
             with torch.cuda.device(x.device):
                 return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
         return self._launch(x, qweight, qzeros, scales, g_idx, bias, second)
