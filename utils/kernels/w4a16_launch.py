@@ -225,8 +225,6 @@ class W4A16Plan:
         b = bias if bias is not None else y
         qw2, qz2, s2, b2 = (qweight, qzeros, scales, b) if second is None else second
         b2 = b2 if b2 is not None else y
-        counts = self.counts if self.counts is not None else y
-        t = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2, counts)
         px, pw, pz, ps, pg, pb, py = (x.data_ptr(), qweight.data_ptr(), qzeros.data_ptr(), scales.data_ptr(),
                                       g.data_ptr(), b.data_ptr(), y.data_ptr())
         second_ptrs = (pw, pz, ps, pb) if second is None else (qw2.data_ptr(), qz2.data_ptr(), s2.data_ptr(),
@@ -236,6 +234,9 @@ class W4A16Plan:
         if pointers and aligned:
             t = (px, pw, pz, ps, pg, pb, py, py if part is y else part.data_ptr(), *second_ptrs,
                  py if self.counts is None else self.counts_ptr)
+        else:
+            t = (x, qweight, qzeros, scales, g, b, y, part, qw2, qz2, s2, b2,
+                 self.counts if self.counts is not None else y)
         fragment = self.tile.unpack == "fragment"          # the Gluon kernel also takes the arrival counts
         return ((*t[:12], self.M, self.K, self.N, self.K, *t[12:13 if fragment else 12]),
                 (t[7], t[5], t[11], t[6], self.M * self.N, self.N), aligned)
