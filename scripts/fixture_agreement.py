@@ -61,12 +61,11 @@ def fused_calls() -> dict[str, int]:
     "M=16, gated": gate and up in one launch), from its launch plans."""
     from utils.kernels import cache
     from utils.kernels.w4a16_launch import W4A16Plan
-    out: dict[str, int] = {}
+    calls: dict[tuple[int, bool], int] = {}
     for plan in cache.gemv_plans.values():
         if isinstance(plan, W4A16Plan) and plan.calls:
-            key = f"M={plan.M}{', gated' if plan.gated else ''}"
-            out[key] = out.get(key, 0) + plan.calls
-    return dict(sorted(out.items(), key=lambda kv: (int(kv[0][2:].split(",")[0]), kv[0])))
+            calls[plan.M, plan.gated] = calls.get((plan.M, plan.gated), 0) + plan.calls
+    return {f"M={M}{', gated' if gated else ''}": n for (M, gated), n in sorted(calls.items())}
 
 
 def main(argv=None) -> int:
